@@ -1,0 +1,150 @@
+"""Suites, splits and task ids.
+
+Task id: ``{suite}/{split}/{template}/{index}``. ``test`` instances use fixed seeds (index 0…n_test-1);
+``train`` instances are drawn from a disjoint seed stream and re-drawn (a bounded number of times) when
+their instruction equals one of the template's test instructions, so that no train task equals a test
+task in content and initial state. Lab ``train`` tasks expose no verifier (``has_verifier=False``): they
+are scored by the reward model; :func:`mobilerl.env.sim.env.hidden_ground_truth` keeps the real check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import random
+from functools import cache, lru_cache
+
+from mobilerl.env.base import TaskSpec
+from mobilerl.env.sim.device import Device, Perturb, stable_seed
+from mobilerl.env.sim.tasks.base import Template
+
+SUITES = ("world", "lab")
+SPLITS = ("train", "test")
+N_TEST = {"world": 20, "lab": 5}
+N_TRAIN = {"world": 40, "lab": 30}
+TRAIN_REDRAWS = 12
+
+
+@cache
+def _all_templates() -> dict[str, Template]:
+    import mobilerl.env.sim.tasks as pkg
+
+    found: dict[str, Template] = {}
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
+        if mod in ("base", "registry"):
+            continue
+        module = importlib.import_module(f"{pkg.__name__}.{mod}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Template) and obj is not Template and obj.name:
+                if obj.__module__ != module.__name__:
+                    continue
+                key = f"{obj.suite}/{obj.name}"
+                if key in found:
+                    raise ValueError(f"template {key} defined twice")
+                found[key] = obj()
+    return dict(sorted(found.items()))
+
+
+def templates(suite: str) -> list[Template]:
+    if suite not in SUITES:
+        raise KeyError(f"unknown suite {suite!r}; expected one of {SUITES}")
+    return [t for key, t in _all_templates().items() if key.startswith(suite + "/")]
+
+
+def template(suite: str, name: str) -> Template:
+    try:
+        return _all_templates()[f"{suite}/{name}"]
+    except KeyError:
+        raise KeyError(f"unknown template {name!r} in suite {suite!r}") from None
+
+
+def n_instances(t: Template, split: str) -> int:
+    return getattr(t, "n_" + split, None) or (N_TEST if split == "test" else N_TRAIN)[t.suite]
+
+
+def _draw(t: Template, seed: int) -> tuple[dict, str]:
+    dev = Device(seed=seed, perturb=Perturb())
+    params = t.sample(random.Random(stable_seed(seed, "params")), dev)
+    return params, t.instruction(params)
+
+
+@lru_cache(maxsize=256)
+def _test_instructions(suite: str, name: str) -> frozenset[str]:
+    t = template(suite, name)
+    return frozenset(_draw(t, _seed(t, "test", i, 0))[1] for i in range(n_instances(t, "test")))
+
+
+def _seed(t: Template, split: str, index: int, attempt: int) -> int:
+    return stable_seed(t.suite, t.name, split, index, attempt)
+
+
+@lru_cache(maxsize=8192)
+def _instance(suite: str, name: str, split: str, index: int) -> tuple[int, str]:
+    """(seed, params-json) of one instance; cached because parameter drawing builds a device."""
+    import json
+
+    t = template(suite, name)
+    if split == "test":
+        seed = _seed(t, "test", index, 0)
+        params, _ = _draw(t, seed)
+        return seed, json.dumps(params, sort_keys=True)
+    taken = _test_instructions(suite, name)
+    for attempt in range(TRAIN_REDRAWS):
+        seed = _seed(t, "train", index, attempt)
+        params, instr = _draw(t, seed)
+        if instr not in taken:
+            break
+    return seed, json.dumps(params, sort_keys=True)
+
+
+def get_task(task_id: str, with_optimal: bool = True) -> TaskSpec:
+    import json
+
+    try:
+        suite, split, name, idx = task_id.split("/")
+        index = int(idx)
+    except ValueError:
+        raise KeyError(f"malformed task id {task_id!r}; expected suite/split/template/index") from None
+    if split not in SPLITS:
+        raise KeyError(f"unknown split {split!r} in {task_id!r}; expected train or test")
+    t = template(suite, name)
+    if index < 0:
+        raise KeyError(f"negative index in {task_id!r}")
+    seed, pjson = _instance(suite, name, split, index)
+    params = json.loads(pjson)
+    steps = optimal_steps(task_id) if with_optimal else 0
+    return TaskSpec(
+        task_id=task_id,
+        suite=suite,
+        split=split,
+        template=t.name,
+        instruction=t.instruction(params),
+        params=params,
+        seed=seed,
+        difficulty=t.difficulty,
+        optimal_steps=steps,
+        complexity=t.complexity,
+        tags=tuple(t.tags),
+        apps=tuple(t.apps),
+        task_type=t.task_type,
+        has_verifier=not (suite == "lab" and split == "train"),
+        subgoals=tuple(desc for desc, _ in t.subgoals(params)),
+    )
+
+
+def list_tasks(suite: str, split: str, n: int | None = None, with_optimal: bool = True) -> list[TaskSpec]:
+    """All instances of a suite split (``n`` per template overrides the default count)."""
+    out = []
+    for t in templates(suite):
+        count = n if n is not None else n_instances(t, split)
+        out.extend(get_task(f"{suite}/{split}/{t.name}/{i}", with_optimal) for i in range(count))
+    return out
+
+
+@lru_cache(maxsize=8192)
+def optimal_steps(task_id: str) -> int:
+    """Steps the oracle expert takes on the unperturbed instance (its finish action included)."""
+    from mobilerl.env.sim.env import run_oracle
+
+    result = run_oracle(get_task(task_id, with_optimal=False), perturb=Perturb())
+    return result.steps
