@@ -43,7 +43,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mobilerl.env.actions import Action
-from mobilerl.env.base import AsyncEnv, Env, EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
+from mobilerl.env.base import (
+    AsyncEnv,
+    Env,
+    EnvCrashed,
+    EnvError,
+    EnvTimeout,
+    Observation,
+    StepResult,
+    TaskSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -303,24 +312,20 @@ class EnvPool:
         fut: asyncio.Future[AsyncEnv] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
-            if timeout is None:
-                return await fut
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise PoolExhausted(f"no env worker became free within {timeout}s ({self.size} workers)") from None
-        finally:
+            return await (fut if timeout is None else asyncio.wait_for(fut, timeout))
+        except BaseException as e:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                # We were handed a worker but are leaving by an exception (cancellation): hand it on.
-                if asyncio.current_task() is not None and _leaving_by_exception():
-                    self._give(fut.result())
+                self._give(fut.result())  # handed a worker while being cancelled: pass it on
             else:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(fut)
+            if isinstance(e, TimeoutError):
+                raise PoolExhausted(f"no env worker became free within {timeout}s ({self.size} workers)") from None
+            raise
 
     def _give(self, env: AsyncEnv) -> None:
         if self._closed or env not in self._live:
-            self._spawn(_close_quietly(env), "envpool-close")
-            return
+            return  # close() already closed it (or it was discarded)
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
@@ -411,12 +416,6 @@ class EnvPool:
         task.add_done_callback(self._background.discard)
 
 
-def _leaving_by_exception() -> bool:
-    import sys
-
-    return sys.exc_info()[0] is not None
-
-
 async def _close_quietly(env: Any, timeout: float = 10.0) -> None:
     """Best-effort close that never raises and never waits longer than ``timeout``."""
     try:
@@ -442,7 +441,8 @@ class ThreadEnv:
     def __init__(self, env: Env, executor: Executor | None = None):
         self.env = env
         self.executor = executor
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # serialises calls on the env, inside the worker threads
+        self._count_lock = threading.Lock()
         self._running = 0  # calls submitted and not yet finished in their thread
 
     def _run(self, fn: Callable[..., Any], args: tuple) -> Any:
@@ -450,14 +450,17 @@ class ThreadEnv:
             with self._lock:
                 return fn(*args)
         finally:
-            self._running -= 1
+            with self._count_lock:
+                self._running -= 1
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self._running += 1
+        with self._count_lock:
+            self._running += 1
         try:
             fut = asyncio.get_running_loop().run_in_executor(self.executor, self._run, fn, args)
         except BaseException:
-            self._running -= 1
+            with self._count_lock:
+                self._running -= 1
             raise
         return await fut
 
@@ -577,6 +580,17 @@ def _child_main(sock: socket.socket, env_factory: Callable[[], Env]) -> None:
         sock.close()
 
 
+def _exitcode(proc: multiprocessing.process.BaseProcess | None, default: int | None = None) -> int | None:
+    """A process's exit code, or ``default`` if it is still running, unknown, or its handle was closed."""
+    if proc is None:
+        return default
+    try:
+        code = proc.exitcode
+    except ValueError:  # Process.close() was called
+        return default
+    return default if code is None else code
+
+
 def _describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "is unreachable"
@@ -619,6 +633,8 @@ class ProcessEnv:
         self._dead: EnvCrashed | None = None
         self._closed = False
         self._start_lock: asyncio.Lock | None = None
+        self._pid: int | None = None
+        self._exitcode: int | None = None
 
     @classmethod
     async def create(cls, env_factory: Callable[[], Env], **kwargs: Any) -> ProcessEnv:
@@ -628,11 +644,12 @@ class ProcessEnv:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        """The child's process id (kept after it exits, for messages)."""
+        return self._pid
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive() and self._dead is None
+        return self._proc is not None and self._dead is None and _exitcode(self._proc) is None
 
     async def start(self) -> None:
         if self._start_lock is None:
@@ -659,22 +676,23 @@ class ProcessEnv:
         finally:
             child_sock.close()  # the child holds its own copy; ours must go so we see EOF when it dies
         self._proc = proc
+        self._pid = pid = proc.pid
         parent_sock.setblocking(False)
         self._reader, self._writer = await asyncio.open_connection(sock=parent_sock)
         try:
             kind, value, tb = await asyncio.wait_for(self._read_frame(), self.start_timeout)
         except TimeoutError:
             await self._kill()
-            raise EnvTimeout(f"env worker process {proc.pid} did not start within {self.start_timeout}s") from None
+            raise EnvTimeout(f"env worker process {pid} did not start within {self.start_timeout}s") from None
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             await self._kill()
-            raise EnvCrashed(f"env worker process {proc.pid} {_describe_exit(proc.exitcode)} while starting") from e
+            raise EnvCrashed(f"env worker process {pid} {self._exit_text()} while starting") from e
         if kind != "ready":
             await self._kill()
             if isinstance(value, BaseException) and tb:
-                value.add_note(f"in env worker process {proc.pid}:\n{tb}")
-            raise EnvCrashed(f"env factory failed in worker process {proc.pid}: {value!r}") from value
-        self._reader_task = asyncio.create_task(self._read_loop(), name=f"processenv-reader-{proc.pid}")
+                value.add_note(f"in env worker process {pid}:\n{tb}")
+            raise EnvCrashed(f"env factory failed in worker process {pid}: {value!r}") from value
+        self._reader_task = asyncio.create_task(self._read_loop(), name=f"processenv-reader-{pid}")
 
     async def _read_frame(self) -> Any:
         assert self._reader is not None
@@ -711,15 +729,18 @@ class ProcessEnv:
             return
         # Give the OS a moment to report how the child ended, for a useful message.
         for _ in range(25):
-            if self._proc is None or self._proc.exitcode is not None:
+            if _exitcode(self._proc) is not None:
                 break
             await asyncio.sleep(0.02)
-        exitcode = self._proc.exitcode if self._proc is not None else None
-        self._dead = EnvCrashed(f"env worker process {self.pid} {_describe_exit(exitcode)}")
+        self._dead = EnvCrashed(f"env worker process {self.pid} {self._exit_text()}")
         while self._pending:
             fut = self._pending.popleft()
             if not fut.done():
                 fut.set_exception(self._dead)
+
+    def _exit_text(self) -> str:
+        self._exitcode = _exitcode(self._proc, self._exitcode)
+        return _describe_exit(self._exitcode)
 
     async def _call(self, method: str, *args: Any) -> Any:
         if self._closed and method != "close":
@@ -759,7 +780,7 @@ class ProcessEnv:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._call("close"), self.close_timeout)
         deadline = time.monotonic() + self.close_timeout
-        while self._proc.exitcode is None and time.monotonic() < deadline:
+        while _exitcode(self._proc) is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await self._kill()
 
@@ -770,11 +791,11 @@ class ProcessEnv:
 
     async def _kill(self) -> None:
         proc = self._proc
-        if proc is not None and proc.exitcode is None:
+        if proc is not None and _exitcode(proc) is None:
             with contextlib.suppress(Exception):
                 proc.kill()
             for _ in range(100):  # reap without blocking the loop
-                if proc.exitcode is not None:
+                if _exitcode(proc) is not None:
                     break
                 await asyncio.sleep(0.01)
         if self._writer is not None:
@@ -783,6 +804,7 @@ class ProcessEnv:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._reader_task, 1.0)
         await self._mark_dead()
-        if proc is not None and proc.exitcode is not None:
+        if proc is not None and _exitcode(proc) is not None:
+            self._exit_text()  # remember the exit code before the handle goes
             with contextlib.suppress(Exception):
                 proc.close()

@@ -82,9 +82,9 @@ def _draw(d: ImageDraw.ImageDraw, n: ui.Node, accent) -> None:
         d.line((b[0] + 40, b[3] - 1, b[2], b[3] - 1), fill=DIVIDER, width=2)
         if n.selected:
             d.rectangle(b, fill=(227, 242, 253))
-    elif s == "avatar":
+    elif s.startswith("avatar"):
         d.ellipse(b, fill=accent)
-        _text(d, b, (n.desc[:1] or "?").upper(), 48, WHITE, center=True)
+        _text(d, b, s[6:].upper(), 48, WHITE, center=True)
     elif s.startswith("text_"):
         _text(d, b, n.text, SIZES[s], GREY if s == "text_small" else INK)
     elif s in ("button", "button_flat"):

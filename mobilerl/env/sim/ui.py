@@ -78,6 +78,7 @@ class Row:
     trailing: object | None = None
     selected: bool = False
     icon: str = ""  # content-desc of a leading icon, if any
+    avatar: bool = False  # a leading letter avatar with no content-desc (as most list apps draw it)
 
 
 @dataclass(slots=True)
@@ -234,9 +235,9 @@ class Layout:
                             long_clickable=w.on_long is not None, focusable=w.on_tap is not None,
                             selected=w.selected, desc=w.desc, on_tap=w.on_tap, on_long=w.on_long, style="row")
             tx = x1 + pad
-            if w.icon:
+            if w.icon or w.avatar:
                 row.children.append(self.node("android.widget.ImageView", (tx, y1 + 35, tx + 110, y1 + 145),
-                                              desc=w.icon, style="avatar"))
+                                              desc=w.icon, style="avatar" + (w.title[:1] or "?")))
                 tx += 150
             text_right = x2 - pad - (190 if w.trailing is not None else 0)
             inner = self.node("android.widget.LinearLayout", (tx, y1 + 20, text_right, y2 - 20))

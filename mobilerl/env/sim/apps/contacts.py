@@ -51,7 +51,7 @@ class Contacts(App):
     # -- pages
     def _rows(self, people: list[Contact]) -> list[Row]:
         return [Row(c.name, on_tap=lambda c=c: self.push("details", contact=c), rid="contact_name",
-                    icon=c.name, desc="") for c in people]
+                    avatar=True) for c in people]
 
     def page_main(self, st: PageState) -> Page:
         body: list = self._rows(self.ordered()) or [Text("No contacts", rid="empty")]

@@ -113,7 +113,8 @@ class ContactsEmailLookup(Template):
         yield from x.fill("search_field", p["name"].split()[0])
         yield from x.hide_keyboard()
         yield x.tap(text=p["name"])
-        yield x.finish(x.el(rid="email", cls="LinearLayout") and x.s.find_all(rid="title")[1].text)
+        row = x.el(rid="email", cls="LinearLayout")
+        yield x.finish(next(e.text for e in x.s.find_all(rid="title") if row.bounds[1] <= e.bounds[1] < row.bounds[3]))
 
 
 class ContactsFavorite(Template):

@@ -1,0 +1,478 @@
+"""HTTP env server: any synchronous backend behind a token-protected FastAPI app, and its client.
+
+Protocol (JSON; every endpoint but ``/health`` needs ``Authorization: Bearer <token>``):
+
+    POST /reset    {"task": "<task id>" | {TaskSpec dict}, "session": null | "<id>"}
+                   -> {"session": "<id>", "observation": {wire observation}}
+    POST /step     {"session": "<id>", "action": "<format_action text>"}
+                   -> {"observation": {...}, "done": bool, "info": {...}}     (unparsable action: 422)
+    POST /evaluate {"session": "<id>"} -> {"reward": float | null}
+    POST /close    {"session": "<id>"} -> {"closed": true}
+    GET  /stats    -> pool counters and session count
+    GET  /health   -> {"status": "ok", ...}                                   (no token needed)
+
+A session is one leased worker of the server's :class:`~mobilerl.env.pool.EnvPool`; ``/reset`` without a
+session leases a worker (503 if none frees up within ``acquire_timeout``), with a session it resets the
+same worker. With ``isolate=True`` every worker is a :class:`~mobilerl.env.pool.ProcessEnv`: a worker
+that dies mid-episode is replaced by the pool; the call that found it dead answers 503 naming the crash,
+later calls on that session 409, and new sessions keep working. Sessions idle for ``session_ttl`` seconds
+are closed, so crashed clients do not leak workers. Other errors: unknown session 404, env error
+(e.g. an unknown task id) 400, bad/missing token 401.
+
+:class:`RemoteEnv` is the :class:`~mobilerl.env.base.AsyncEnv` client: transport errors, 5xx, and a lost
+session (404/409) raise :class:`~mobilerl.env.base.EnvCrashed`; 4xx raise :class:`~mobilerl.env.base.EnvError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import secrets
+import sys
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
+from mobilerl.env.base import Env, EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
+from mobilerl.env.pool import EnvPool, PooledEnv, PoolExhausted, ProcessEnv, ThreadEnv
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "MOBILERL_ENV_TOKEN"
+DEFAULT_PORT = 8765
+BACKENDS = ("sim", "fake")
+
+
+# -- backends -------------------------------------------------------------------------------------------
+
+
+def make_backend_env(backend: str, render: bool = False, seed: int = 0) -> Env:
+    """Build one synchronous env of the named backend (module-level, so it pickles into worker processes)."""
+    if backend == "sim":
+        from mobilerl.env.sim import SimEnv  # lazy: the simulator is heavy and optional for this module
+
+        return SimEnv(render=render, seed=seed)
+    if backend == "fake":
+        from mobilerl.env.fake import CounterEnv
+
+        return CounterEnv()
+    raise ValueError(f"unknown env backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def backend_factory(backend: str, render: bool = False, seed: int = 0) -> Callable[[], Env]:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown env backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    return functools.partial(make_backend_env, backend, render, seed)
+
+
+# -- wire models ----------------------------------------------------------------------------------------
+
+
+class ResetRequest(BaseModel):
+    task: str | dict[str, Any] = Field(description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec dict")
+    session: str | None = Field(default=None, description="reset this session's worker instead of leasing one")
+
+
+class StepRequest(BaseModel):
+    session: str
+    action: str = Field(description="canonical action text, as produced by format_action")
+
+
+class SessionRequest(BaseModel):
+    session: str
+
+
+def _json_safe(value: Any) -> Any:
+    """``info`` dicts come from backends: make them JSON-safe without failing on odd values."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+# -- server ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    id: str
+    env: PooledEnv
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class _ServerState:
+    def __init__(self, pool: EnvPool, session_ttl: float, acquire_timeout: float):
+        self.pool = pool
+        self.session_ttl = session_ttl
+        self.acquire_timeout = acquire_timeout
+        self.sessions: dict[str, _Session] = {}
+        self.ended: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended (bounded)
+
+    def end(self, session: _Session, why: str) -> None:
+        if self.sessions.pop(session.id, None) is not None:
+            session.env.release()
+        self.ended[session.id] = why
+        while len(self.ended) > 10_000:
+            self.ended.popitem(last=False)
+
+    def get(self, session_id: str) -> _Session:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.last_used = time.monotonic()
+            return session
+        if session_id in self.ended:
+            raise HTTPException(409, f"session {session_id} has ended: {self.ended[session_id]}")
+        raise HTTPException(404, f"unknown session {session_id!r}; start one with POST /reset")
+
+    def session_pid(self, session_id: str) -> int | None:
+        """The worker process id behind a session (isolate mode), for operators and tests."""
+        return getattr(self.sessions[session_id].env.worker, "pid", None)
+
+    async def expire_loop(self) -> None:
+        period = max(0.05, min(self.session_ttl / 4, 5.0))
+        while True:
+            await asyncio.sleep(period)
+            self.expire()
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if not session.lock.locked() and now - session.last_used > self.session_ttl:
+                log.info("session %s expired after %.0fs idle", session.id, self.session_ttl)
+                self.end(session, f"expired after {self.session_ttl:g}s without a request")
+
+    async def close(self) -> None:
+        for session in list(self.sessions.values()):
+            self.end(session, "the server shut down")
+        await self.pool.close()
+
+
+def _bearer_auth(token: str) -> Callable[[Request], None]:
+    expected = token.encode()
+
+    def check(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if not secrets.compare_digest(given.strip().encode(), expected):
+            raise HTTPException(401, "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def create_app(
+    env_factory: Callable[[], Env],
+    *,
+    token: str,
+    size: int = 1,
+    isolate: bool = False,
+    call_timeout: float | None = 60.0,
+    reset_timeout: float | None = None,
+    session_ttl: float = 900.0,
+    acquire_timeout: float = 30.0,
+    mp_context: str = "spawn",
+) -> FastAPI:
+    """The env server app over ``size`` workers built by ``env_factory`` (a picklable callable if ``isolate``).
+
+    ``isolate=True`` runs each env in its own process (crash-safe); otherwise envs run in a thread pool
+    of ``size`` threads inside the server process.
+    """
+    if not token:
+        raise ValueError("the env server needs a non-empty token")
+    if session_ttl <= 0:
+        raise ValueError(f"session_ttl must be > 0, got {session_ttl}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        executor = None if isolate else ThreadPoolExecutor(max_workers=size, thread_name_prefix="env")
+        if isolate:
+            factory = functools.partial(ProcessEnv.create, env_factory, mp_context=mp_context)
+        else:
+
+            async def factory() -> ThreadEnv:
+                loop = asyncio.get_running_loop()
+                return ThreadEnv(await loop.run_in_executor(executor, env_factory), executor)
+
+        pool = EnvPool(factory, size, call_timeout=call_timeout, reset_timeout=reset_timeout)
+        await pool.start()
+        state = _ServerState(pool, session_ttl, acquire_timeout)
+        app.state.env_server = state
+        expiry = asyncio.create_task(state.expire_loop(), name="env-server-expiry")
+        try:
+            yield
+        finally:
+            expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await expiry
+            await state.close()
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="mobilerl env server", lifespan=lifespan)
+    router = APIRouter(dependencies=[Depends(_bearer_auth(token))])
+
+    def state_of(request: Request) -> _ServerState:
+        return request.app.state.env_server
+
+    async def run_env_call(state: _ServerState, session: _Session, call: Callable[[], Any]) -> Any:
+        try:
+            return await call()
+        except EnvCrashed as e:
+            kind = "timed out" if isinstance(e, EnvTimeout) else "crashed"
+            why = f"its env worker {kind}: {e}"
+            state.end(session, why)
+            raise HTTPException(
+                503, f"env worker {kind}: {e}; session {session.id} is closed, start a new one with POST /reset"
+            ) from e
+        except EnvError as e:
+            raise HTTPException(400, str(e)) from e
+        except Exception as e:
+            log.exception("env call failed")
+            raise HTTPException(500, f"{type(e).__name__}: {e}") from e
+
+    @router.post("/reset")
+    async def reset(req: ResetRequest, request: Request) -> dict[str, Any]:
+        state = state_of(request)
+        try:
+            task: TaskSpec | str = TaskSpec.from_dict(req.task) if isinstance(req.task, dict) else req.task
+        except (TypeError, KeyError) as e:
+            raise HTTPException(422, f"invalid TaskSpec: {e}") from e
+        if req.session is not None:
+            session = state.get(req.session)
+        else:
+            try:
+                env = await state.pool.lease(timeout=state.acquire_timeout)
+            except PoolExhausted as e:
+                raise HTTPException(503, f"no env worker available: {e}") from e
+            session = _Session(uuid.uuid4().hex, env)
+            state.sessions[session.id] = session
+        async with session.lock:
+            try:
+                obs = await run_env_call(state, session, lambda: session.env.reset(task))
+            except HTTPException:
+                if req.session is None and session.id in state.sessions:
+                    state.end(session, "its first reset failed")  # don't hold a worker for a failed start
+                raise
+            session.last_used = time.monotonic()
+        return {"session": session.id, "observation": obs.to_wire()}
+
+    @router.post("/step")
+    async def step(req: StepRequest, request: Request) -> dict[str, Any]:
+        state = state_of(request)
+        try:
+            action = parse_action(req.action)
+        except ActionParseError as e:
+            raise HTTPException(422, f"invalid action: {e}") from e
+        session = state.get(req.session)
+        async with session.lock:
+            result: StepResult = await run_env_call(state, session, lambda: session.env.step(action))
+            session.last_used = time.monotonic()
+        return {"observation": result.observation.to_wire(), "done": result.done, "info": _json_safe(result.info)}
+
+    @router.post("/evaluate")
+    async def evaluate(req: SessionRequest, request: Request) -> dict[str, Any]:
+        state = state_of(request)
+        session = state.get(req.session)
+        async with session.lock:
+            reward = await run_env_call(state, session, session.env.evaluate)
+            session.last_used = time.monotonic()
+        return {"reward": reward}
+
+    @router.post("/close")
+    async def close(req: SessionRequest, request: Request) -> dict[str, Any]:
+        state = state_of(request)
+        if req.session in state.ended:  # closing an ended session is harmless
+            return {"closed": True, "ended": state.ended[req.session]}
+        session = state.get(req.session)
+        async with session.lock:
+            state.end(session, "closed by the client")
+        return {"closed": True}
+
+    @router.get("/stats")
+    async def stats(request: Request) -> dict[str, Any]:
+        state = state_of(request)
+        return {
+            "sessions": len(state.sessions),
+            "workers": state.pool.live,
+            "idle": state.pool.idle,
+            **state.pool.stats.to_dict(),
+        }
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        state = state_of(request)
+        return {"status": "ok", "workers": state.pool.live, "idle": state.pool.idle, "size": state.pool.size}
+
+    app.include_router(router)
+    return app
+
+
+def resolve_token(token: str | None) -> tuple[str, bool]:
+    """(token, generated): the given token, else ``$MOBILERL_ENV_TOKEN``, else a fresh random one."""
+    if token:
+        return token, False
+    env_token = os.environ.get(TOKEN_ENV)
+    if env_token:
+        return env_token, False
+    return secrets.token_urlsafe(32), True
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    backend: str = "sim",
+    size: int = 4,
+    isolate: bool = False,
+    *,
+    render: bool = False,
+    seed: int = 0,
+    session_ttl: float = 900.0,
+    call_timeout: float | None = 60.0,
+    log_level: str = "info",
+) -> None:
+    """Run the env server with uvicorn (blocking). Binds to 127.0.0.1 unless told otherwise."""
+    import uvicorn
+
+    token, generated = resolve_token(token)
+    if generated:
+        print(f"env server token (set {TOKEN_ENV} on clients): {token}", file=sys.stderr, flush=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: env server listening on {host}, reachable beyond this machine", file=sys.stderr)
+    app = create_app(
+        backend_factory(backend, render=render, seed=seed),
+        token=token,
+        size=size,
+        isolate=isolate,
+        session_ttl=session_ttl,
+        call_timeout=call_timeout,
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+# -- client ---------------------------------------------------------------------------------------------
+
+
+class RemoteEnv:
+    """:class:`~mobilerl.env.base.AsyncEnv` over an env server (one session per instance).
+
+    ``token`` defaults to ``$MOBILERL_ENV_TOKEN``. ``transport`` is for tests (e.g. ``httpx.ASGITransport``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = 60.0,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        token = token or os.environ.get(TOKEN_ENV)
+        if not token:
+            raise ValueError(f"RemoteEnv needs a token (argument or ${TOKEN_ENV})")
+        self.base_url = base_url.rstrip("/")
+        self.session: str | None = None
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = await self._client.post(path, json=payload)
+        except httpx.TimeoutException as e:
+            raise EnvTimeout(f"env server {self.base_url}{path} timed out: {e!r}") from e
+        except httpx.TransportError as e:
+            raise EnvCrashed(f"env server {self.base_url} unreachable: {e!r}") from e
+        if resp.status_code >= 400:
+            msg = f"env server {path} -> HTTP {resp.status_code}: {_detail(resp)}"
+            if resp.status_code >= 500 or resp.status_code in (404, 409):
+                self.session = None  # the server lost or ended the session (crash, expiry, restart)
+                raise EnvCrashed(msg)
+            if resp.status_code == 401:
+                raise EnvError(msg + " (check the token)")
+            raise EnvError(msg)
+        return resp.json()
+
+    def _require_session(self) -> str:
+        if self.session is None:
+            raise EnvError("no active session: call reset() first")
+        return self.session
+
+    async def reset(self, task: TaskSpec | str) -> Observation:
+        wire_task = task.to_dict() if isinstance(task, TaskSpec) else task
+        if self.session is not None:
+            try:
+                data = await self._post("/reset", {"task": wire_task, "session": self.session})
+            except EnvCrashed:
+                if self.session is not None:
+                    raise
+                # Our old session is gone (its worker crashed, or it expired): a reset starts afresh anyway.
+                data = await self._post("/reset", {"task": wire_task, "session": None})
+        else:
+            data = await self._post("/reset", {"task": wire_task, "session": None})
+        self.session = data["session"]
+        return Observation.from_wire(data["observation"])
+
+    async def step(self, action: Action) -> StepResult:
+        data = await self._post("/step", {"session": self._require_session(), "action": format_action(action)})
+        return StepResult(Observation.from_wire(data["observation"]), bool(data["done"]), data.get("info") or {})
+
+    async def evaluate(self) -> float | None:
+        data = await self._post("/evaluate", {"session": self._require_session()})
+        reward = data.get("reward")
+        return None if reward is None else float(reward)
+
+    async def close(self) -> None:
+        try:
+            if self.session is not None:
+                with contextlib.suppress(EnvError):
+                    await self._post("/close", {"session": self.session})
+        finally:
+            self.session = None
+            await self._client.aclose()
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            resp = await self._client.get("/health")
+        except httpx.TransportError as e:
+            raise EnvCrashed(f"env server {self.base_url} unreachable: {e!r}") from e
+        resp.raise_for_status()
+        return resp.json()
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)[:500]
+
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_PORT",
+    "TOKEN_ENV",
+    "RemoteEnv",
+    "backend_factory",
+    "create_app",
+    "make_backend_env",
+    "resolve_token",
+    "serve",
+]

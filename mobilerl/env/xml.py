@@ -1,0 +1,136 @@
+"""UI-XML compression for the agent's observation (MobileRL Appendix C).
+
+From a uiautomator dump (``<hierarchy><node …>``), as produced by a real device or by the simulator:
+
+1. Off-screen removal: a node is on screen iff its bounds lie inside the screen and inside its parent's
+   bounds; checked recursively, so an off-screen node takes its subtree with it. ``keep_offscreen=True``
+   keeps them (for summarising a whole page without scrolling). Zero-area nodes count as off-screen.
+2. Redundant-node removal: a node is kept iff one of checkable, checked, clickable, focusable,
+   scrollable, long-clickable, password, selected is true, or its text or content-desc is non-empty.
+   Dropped nodes' descendants are still visited.
+3. Attribute simplification, one line per kept node, in document order::
+
+       Class;flags;label;[x1,y1][x2,y2]
+       TextView;;Audio Recorder;[221,1095][858,1222]
+       Switch;checkable checked clickable focusable;ON;[888,460][1032,580]
+
+   ``Class`` is the last component of the class name, ``flags`` are the true booleans (in the order
+   above, space separated), ``label`` is the text, or the content-desc, or ``text | desc`` when both are
+   present and differ; newlines in labels are written as ``\\n``. index, resource-id and package go.
+
+Real dumps are not always tidy: attributes may be missing (treated as false/empty), the screen size is
+taken from the argument or else from the top-level nodes, and malformed XML raises ``ValueError`` naming
+the parse error. ``numbered=True`` prefixes each line with its index (``[3] Button;…``) for Set-of-Mark
+style grounding, where actions name an element by index; :func:`compress_nodes` returns the kept nodes
+so an index can be mapped back to its bounds.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+FLAGS = ("checkable", "checked", "clickable", "focusable", "scrollable", "long-clickable", "password", "selected")
+_BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
+
+Box = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class UINode:
+    cls: str
+    flags: tuple[str, ...]
+    label: str
+    bounds: Box
+
+    def line(self) -> str:
+        x1, y1, x2, y2 = self.bounds
+        return f"{self.cls};{' '.join(self.flags)};{self.label};[{x1},{y1}][{x2},{y2}]"
+
+
+def _bounds(s: str | None) -> Box | None:
+    if not s:
+        return None
+    m = _BOUNDS.fullmatch(s.strip())
+    if m is None:
+        return None
+    x1, y1, x2, y2 = (int(v) for v in m.groups())
+    return (x1, y1, x2, y2)
+
+
+def _inside(b: Box, outer: Box) -> bool:
+    return b[0] >= outer[0] and b[1] >= outer[1] and b[2] <= outer[2] and b[3] <= outer[3]
+
+
+def _label(text: str, desc: str) -> str:
+    text, desc = text.strip(), desc.strip()
+    if text and desc and desc != text:
+        out = f"{text} | {desc}"
+    else:
+        out = text or desc
+    return out.replace("\r", "").replace("\n", "\\n")
+
+
+def parse_dump(xml: str) -> ET.Element:
+    """Parse a uiautomator dump; raise ValueError with the parser's reason when it is malformed."""
+    if not isinstance(xml, str) or not xml.strip():
+        raise ValueError("empty UI dump")
+    try:
+        root = ET.fromstring(xml.strip().encode("utf-8"))
+    except ET.ParseError as e:
+        raise ValueError(f"malformed UI dump: {e}") from None
+    if root.tag not in ("hierarchy", "node"):
+        raise ValueError(f"UI dump root must be <hierarchy> or <node>, got <{root.tag}>")
+    return root
+
+
+def compress_nodes(
+    xml: str, keep_offscreen: bool = False, width: int | None = None, height: int | None = None
+) -> list[UINode]:
+    """The kept nodes of a dump, in document order (see the module docstring)."""
+    root = parse_dump(xml)
+    tops = [root] if root.tag == "node" else [c for c in root if c.tag == "node"]
+    if width is None or height is None:
+        boxes = [b for b in (_bounds(t.get("bounds")) for t in tops) if b is not None]
+        width = width or max((b[2] for b in boxes), default=0) or 1080
+        height = height or max((b[3] for b in boxes), default=0) or 2400
+    screen: Box = (0, 0, width, height)
+    out: list[UINode] = []
+
+    def visit(node: ET.Element, parent: Box) -> None:
+        b = _bounds(node.get("bounds"))
+        if b is None:
+            # No usable bounds: nothing to tap; its children are judged against the parent's box.
+            for c in node:
+                if c.tag == "node":
+                    visit(c, parent)
+            return
+        onscreen = b[2] > b[0] and b[3] > b[1] and _inside(b, screen) and _inside(b, parent)
+        if not onscreen and not keep_offscreen:
+            return
+        flags = tuple(f for f in FLAGS if node.get(f) == "true")
+        label = _label(node.get("text") or "", node.get("content-desc") or "")
+        if flags or label:
+            out.append(UINode((node.get("class") or "View").rsplit(".", 1)[-1], flags, label, b))
+        for c in node:
+            if c.tag == "node":
+                visit(c, b if onscreen else parent)
+
+    for t in tops:
+        visit(t, screen)
+    return out
+
+
+def compress_xml(
+    xml: str,
+    keep_offscreen: bool = False,
+    numbered: bool = False,
+    width: int | None = None,
+    height: int | None = None,
+) -> str:
+    """One line per functional on-screen node: ``Class;flags;label;[x1,y1][x2,y2]``."""
+    nodes = compress_nodes(xml, keep_offscreen=keep_offscreen, width=width, height=height)
+    if numbered:
+        return "\n".join(f"[{i}] {n.line()}" for i, n in enumerate(nodes))
+    return "\n".join(n.line() for n in nodes)
