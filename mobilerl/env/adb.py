@@ -76,7 +76,12 @@ APP_PACKAGES: dict[str, str] = {
 }
 
 LAUNCHER_PACKAGES: frozenset[str] = frozenset(
-    {"com.google.android.apps.nexuslauncher", "com.android.launcher3", "com.android.launcher", "com.sec.android.app.launcher"}
+    {
+        "com.google.android.apps.nexuslauncher",
+        "com.android.launcher3",
+        "com.android.launcher",
+        "com.sec.android.app.launcher",
+    }
 )
 
 DUMP_PATH = "/sdcard/window_dump.xml"
@@ -84,7 +89,13 @@ SWIPE_STEPS = {"short": 1, "medium": 2, "long": 3}
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Characters the device shell (mksh) would interpret; backslash-escaping a harmless one is a no-op.
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^=")
-_DEVICE_GONE = ("device offline", "no devices/emulators found", "device not found", "device unauthorized", "error: closed")
+_DEVICE_GONE = (
+    "device offline",
+    "no devices/emulators found",
+    "device not found",
+    "device unauthorized",
+    "error: closed",
+)
 
 
 class AdbRunner(Protocol):
@@ -106,7 +117,9 @@ class SubprocessAdbRunner:
         try:
             proc = subprocess.run(cmd, capture_output=True, timeout=self.timeout, check=False)
         except FileNotFoundError as e:
-            raise EnvError(f"adb executable not found ({self.adb!r}); install platform-tools or pass adb=") from e
+            raise EnvError(
+                f"adb executable not found ({self.adb!r}); install platform-tools or pass adb="
+            ) from e
         except subprocess.TimeoutExpired as e:
             raise EnvTimeout(f"adb {' '.join(args)} did not finish within {self.timeout}s") from e
         if proc.returncode != 0:
@@ -189,9 +202,7 @@ def extract_hierarchy(output: str) -> str:
     return output[start : end + len("</hierarchy>")]
 
 
-def swipe_points(
-    action: Action, width: int, height: int
-) -> tuple[tuple[int, int], tuple[int, int]]:
+def swipe_points(action: Action, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """Start and end points of a Swipe action (see the module docstring for the geometry)."""
     if action.direction is None:
         raise EnvError("Swipe needs a direction")
@@ -300,7 +311,12 @@ class AdbEnv:
         xml = self.dump_xml()
         shot = self.capture() if self.screenshot else None
         return Observation(
-            xml=xml, app=self.app_name(self.foreground_package()), width=width, height=height, screenshot=shot, step=self.steps
+            xml=xml,
+            app=self.app_name(self.foreground_package()),
+            width=width,
+            height=height,
+            screenshot=shot,
+            step=self.steps,
         )
 
     # -- Env --
@@ -367,7 +383,9 @@ class AdbEnv:
             return {}
         if not text.isascii():
             if not self.adb_keyboard:
-                return {"error": "non-ASCII text cannot be typed with `input text`; install ADBKeyBoard and set adb_keyboard=True"}
+                return {
+                    "error": "non-ASCII text cannot be typed with `input text`; install ADBKeyBoard and set adb_keyboard=True"
+                }
             b64 = base64.b64encode(text.encode("utf-8")).decode("ascii")
             self.shell("am", "broadcast", "-a", "ADB_INPUT_B64", "--es", "msg", b64)
             return {}

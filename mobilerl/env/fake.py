@@ -27,7 +27,9 @@ class CounterEnv:
         target: taps needed for success (a task id ending in ``/<n>`` overrides it with ``n``).
     """
 
-    def __init__(self, step_delay_s: float = 0.0, known_tasks: tuple[str, ...] | None = None, target: int = 1):
+    def __init__(
+        self, step_delay_s: float = 0.0, known_tasks: tuple[str, ...] | None = None, target: int = 1
+    ):
         self.step_delay_s = step_delay_s
         self.known_tasks = known_tasks
         self.default_target = target

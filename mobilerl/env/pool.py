@@ -87,7 +87,9 @@ class PoolStats:
 
 
 def _is_async_env(env: object) -> bool:
-    return all(inspect.iscoroutinefunction(getattr(env, m, None)) for m in ("reset", "step", "evaluate", "close"))
+    return all(
+        inspect.iscoroutinefunction(getattr(env, m, None)) for m in ("reset", "step", "evaluate", "close")
+    )
 
 
 class PooledEnv:
@@ -113,7 +115,9 @@ class PooledEnv:
         return self._env is None
 
     async def reset(self, task: TaskSpec | str) -> Observation:
-        timeout = self._pool.reset_timeout if self._pool.reset_timeout is not None else self._pool.call_timeout
+        timeout = (
+            self._pool.reset_timeout if self._pool.reset_timeout is not None else self._pool.call_timeout
+        )
         return await self._call("reset", (task,), timeout)
 
     async def step(self, action: Action) -> StepResult:
@@ -320,7 +324,9 @@ class EnvPool:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(fut)
             if isinstance(e, TimeoutError):
-                raise PoolExhausted(f"no env worker became free within {timeout}s ({self.size} workers)") from None
+                raise PoolExhausted(
+                    f"no env worker became free within {timeout}s ({self.size} workers)"
+                ) from None
             raise
 
     def _give(self, env: AsyncEnv) -> None:
@@ -350,7 +356,11 @@ class EnvPool:
             self._creating += 1
             self._spawn(self._replace(), "envpool-replace")
         else:
-            log.error("env pool: replacement budget (%s) spent; pool shrinks to %d", self.max_replacements, self.live)
+            log.error(
+                "env pool: replacement budget (%s) spent; pool shrinks to %d",
+                self.max_replacements,
+                self.live,
+            )
             self._check_alive(raise_=False)
 
     async def _replace(self) -> None:
@@ -570,7 +580,9 @@ def _child_main(sock: socket.socket, env_factory: Callable[[], Env]) -> None:
             try:
                 _send_frame(sock, reply)
             except (pickle.PicklingError, TypeError, AttributeError) as e:
-                _send_frame(sock, ("err", EnvError(f"env {method}() returned an unpicklable result: {e}"), None))
+                _send_frame(
+                    sock, ("err", EnvError(f"env {method}() returned an unpicklable result: {e}"), None)
+                )
             if closed:
                 break
     finally:
@@ -620,7 +632,9 @@ class ProcessEnv:
         close_timeout: float = 5.0,
     ):
         if mp_context not in ("spawn", "forkserver"):
-            raise ValueError(f"mp_context must be 'spawn' or 'forkserver' (fork is unsafe with threads), got {mp_context!r}")
+            raise ValueError(
+                f"mp_context must be 'spawn' or 'forkserver' (fork is unsafe with threads), got {mp_context!r}"
+            )
         self.env_factory = env_factory
         self.mp_context = mp_context
         self.start_timeout = start_timeout
@@ -665,7 +679,9 @@ class ProcessEnv:
         loop = asyncio.get_running_loop()
         parent_sock, child_sock = socket.socketpair()
         ctx = multiprocessing.get_context(self.mp_context)
-        proc = ctx.Process(target=_child_main, args=(child_sock, self.env_factory), daemon=True, name="mobilerl-env")
+        proc = ctx.Process(
+            target=_child_main, args=(child_sock, self.env_factory), daemon=True, name="mobilerl-env"
+        )
         try:
             # Process.start() forks/execs and writes the pickled target: keep it off the loop thread.
             await loop.run_in_executor(None, proc.start)
@@ -757,7 +773,11 @@ class ProcessEnv:
             self._writer.write(_HEADER.pack(len(data)) + data)
             await self._writer.drain()
         except (ConnectionError, OSError) as e:
-            raise EnvCrashed(f"env worker process {self.pid} is unreachable: {e!r}") from e
+            # The child is gone; the reader task fails our future with how it ended (exit code/signal).
+            try:
+                return await asyncio.wait_for(fut, 2.0)
+            except TimeoutError:
+                raise EnvCrashed(f"env worker process {self.pid} is unreachable: {e!r}") from e
         return await fut
 
     async def reset(self, task: TaskSpec | str) -> Observation:
@@ -770,11 +790,18 @@ class ProcessEnv:
         return await self._call("evaluate")
 
     async def close(self) -> None:
-        """Ask the child to close its env and exit; kill it if it does not within ``close_timeout``."""
+        """Ask the child to close its env and exit; kill it if it does not within ``close_timeout``.
+
+        A child that still owes replies (a call that timed out or was cancelled is still running there)
+        is killed at once: a graceful close would queue behind the call it is stuck in.
+        """
         if self._closed:
             return
         self._closed = True
         if self._proc is None:
+            return
+        if self._pending:
+            await self._kill()
             return
         if self._dead is None:
             with contextlib.suppress(Exception):

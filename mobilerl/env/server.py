@@ -82,8 +82,12 @@ def backend_factory(backend: str, render: bool = False, seed: int = 0) -> Callab
 
 
 class ResetRequest(BaseModel):
-    task: str | dict[str, Any] = Field(description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec dict")
-    session: str | None = Field(default=None, description="reset this session's worker instead of leasing one")
+    task: str | dict[str, Any] = Field(
+        description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec dict"
+    )
+    session: str | None = Field(
+        default=None, description="reset this session's worker instead of leasing one"
+    )
 
 
 class StepRequest(BaseModel):
@@ -234,7 +238,8 @@ def create_app(
             why = f"its env worker {kind}: {e}"
             state.end(session, why)
             raise HTTPException(
-                503, f"env worker {kind}: {e}; session {session.id} is closed, start a new one with POST /reset"
+                503,
+                f"env worker {kind}: {e}; session {session.id} is closed, start a new one with POST /reset",
             ) from e
         except EnvError as e:
             raise HTTPException(400, str(e)) from e
@@ -279,7 +284,11 @@ def create_app(
         async with session.lock:
             result: StepResult = await run_env_call(state, session, lambda: session.env.step(action))
             session.last_used = time.monotonic()
-        return {"observation": result.observation.to_wire(), "done": result.done, "info": _json_safe(result.info)}
+        return {
+            "observation": result.observation.to_wire(),
+            "done": result.done,
+            "info": _json_safe(result.info),
+        }
 
     @router.post("/evaluate")
     async def evaluate(req: SessionRequest, request: Request) -> dict[str, Any]:
@@ -429,8 +438,12 @@ class RemoteEnv:
         return Observation.from_wire(data["observation"])
 
     async def step(self, action: Action) -> StepResult:
-        data = await self._post("/step", {"session": self._require_session(), "action": format_action(action)})
-        return StepResult(Observation.from_wire(data["observation"]), bool(data["done"]), data.get("info") or {})
+        data = await self._post(
+            "/step", {"session": self._require_session(), "action": format_action(action)}
+        )
+        return StepResult(
+            Observation.from_wire(data["observation"]), bool(data["done"]), data.get("info") or {}
+        )
 
     async def evaluate(self) -> float | None:
         data = await self._post("/evaluate", {"session": self._require_session()})

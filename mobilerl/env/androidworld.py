@@ -1,0 +1,275 @@
+"""Client for AndroidWorld's own env server (the FastAPI app its Docker image runs on port 5000).
+
+The API, as defined by google-research/android_world ``server/android_server.py`` and exercised by the
+example ``AndroidEnvClient`` that ships with it. Scalar arguments are *query parameters*, even on POST
+(FastAPI's default for scalar handler arguments); only ``/execute_action`` has a JSON body:
+
+    POST /reset?go_home=<bool>                               -> {"status": "success", "message": ...}
+    GET  /screenshot?wait_to_stabilize=<bool>                -> {"pixels": [[[r, g, b], ...], ...]}  (H×W×3)
+    POST /execute_action   body: JSONAction dict             -> {"status": "success", "message": ...}
+    GET  /suite/task_list?max_index=<int>                    -> {"task_list": [task_type, ...]}
+    GET  /suite/task_length?task_type=<str>                  -> {"length": int}
+    GET  /suite/reinitialize?n_task_combinations=&seed=&task_family=   -> {"status", "message"}
+    POST /task/initialize?task_type=<str>&task_idx=<int>     -> {"status", "message"}
+    POST /task/tear_down?task_type=<str>&task_idx=<int>      -> {"status", "message"}
+    GET  /task/score?task_type=<str>&task_idx=<int>          -> {"score": float}
+    GET  /task/goal?task_type=<str>&task_idx=<int>           -> {"goal": str}
+    GET  /task/template?task_type=<str>&task_idx=<int>       -> {"template": str}
+    POST /close                                              -> {"status": "success"}  (closes the emulator env)
+    GET  /health                                             -> {"status": "success"}
+
+JSONAction keys (``android_world/env/json_action.py``): action_type ∈ {click, double_tap, long_press,
+input_text, keyboard_enter, navigate_back, navigate_home, open_app, scroll, swipe, status, answer, wait,
+unknown}, x, y, text, direction, app_name, goal_status, index, keycode, clear_text.
+
+Our actions map as: Tap -> click(x, y) at the box centre; Long Press -> long_press(x, y); Type ->
+input_text(text, x, y) — AndroidWorld's input_text first taps (x, y), types, then presses Enter, so we
+send the centre of the last tapped element (an error is reported in ``info`` if nothing was tapped yet);
+Swipe -> scroll with the *opposite* direction (AndroidWorld's ``scroll down`` drags the finger up, i.e.
+our ``Swipe up``); its scroll covers the whole screen (it can only target elements by its own index), so
+our element and dist are not forwarded; Launch -> open_app(app_name); Back/Home -> navigate_back/home;
+Wait -> wait; Finish -> answer(text=message) when there is a message (query tasks are scored on the
+answer) followed by status(goal_status="complete").
+
+Limits of that server: it exposes no UI tree and no foreground app, so observations carry an empty
+``<hierarchy/>`` (unless a ``ui_dump`` callable is given, e.g. ``AdbEnv(...).dump_xml`` against the same
+emulator) and ``app=""``; it serves one emulator and one suite, so use one client per server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from mobilerl.env.actions import BACK, FINISH, HOME, LAUNCH, LONG_PRESS, SWIPE, TAP, TYPE, WAIT, Action
+from mobilerl.env.base import EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
+
+DEFAULT_URL = "http://localhost:5000"
+EMPTY_HIERARCHY = "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><hierarchy rotation=\"0\" />"
+# AndroidWorld scroll direction = where the content moves = opposite of the finger (our Swipe) direction.
+SCROLL_FOR_SWIPE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+
+def parse_task(task: TaskSpec | str) -> tuple[str, int]:
+    """(task_type, task_idx) from a TaskSpec or an id like ``androidworld/test/ContactsAddContact/3``.
+
+    A TaskSpec may carry ``params["task_type"]``/``params["task_idx"]``; otherwise its template is the task
+    type and the id's last segment the index. A bare ``"ContactsAddContact"`` means index 0.
+    """
+    if isinstance(task, TaskSpec):
+        task_type = str(task.params.get("task_type") or task.template or "")
+        idx = task.params.get("task_idx")
+        if idx is None:
+            tail = task.task_id.rsplit("/", 1)[-1]
+            idx = int(tail) if tail.isdigit() else 0
+        if not task_type:
+            task_type = parse_task(task.task_id)[0]
+        return task_type, int(idx)
+    parts = [p for p in str(task).split("/") if p]
+    if not parts:
+        raise EnvError(f"empty AndroidWorld task id {task!r}")
+    if parts[-1].isdigit():
+        if len(parts) < 2:
+            raise EnvError(f"AndroidWorld task id {task!r} has an index but no task type")
+        return parts[-2], int(parts[-1])
+    return parts[-1], 0
+
+
+def to_json_action(action: Action, last_tap: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """Our action as the AndroidWorld JSONAction dicts to send, in order (Finish may need two)."""
+    name = action.name
+    if name in (TAP, LONG_PRESS):
+        if action.center is None:
+            raise EnvError(f"{name} needs an element")
+        x, y = action.center
+        return [{"action_type": "click" if name == TAP else "long_press", "x": x, "y": y}]
+    if name == TYPE:
+        if last_tap is None:
+            raise EnvError("AndroidWorld's input_text taps a field before typing: tap the text field first")
+        return [{"action_type": "input_text", "text": action.text or "", "x": last_tap[0], "y": last_tap[1]}]
+    if name == SWIPE:
+        if action.direction is None:
+            raise EnvError("Swipe needs a direction")
+        return [{"action_type": "scroll", "direction": SCROLL_FOR_SWIPE[action.direction]}]
+    if name == LAUNCH:
+        return [{"action_type": "open_app", "app_name": action.app or ""}]
+    if name == BACK:
+        return [{"action_type": "navigate_back"}]
+    if name == HOME:
+        return [{"action_type": "navigate_home"}]
+    if name == WAIT:
+        return [{"action_type": "wait"}]
+    if name == FINISH:
+        out: list[dict[str, Any]] = []
+        if action.message:
+            out.append({"action_type": "answer", "text": action.message})
+        out.append({"action_type": "status", "goal_status": "complete"})
+        return out
+    raise EnvError(f"no AndroidWorld equivalent for action {name!r}")
+
+
+def pixels_to_image(pixels: Any) -> Image.Image:
+    arr = np.asarray(pixels, dtype=np.uint8)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4):
+        raise EnvError(f"AndroidWorld /screenshot returned pixels of shape {arr.shape}, expected H×W×3")
+    return Image.fromarray(arr[:, :, :3], mode="RGB")
+
+
+class AndroidWorldEnv:
+    """Synchronous :class:`~mobilerl.env.base.Env` over AndroidWorld's env server.
+
+    Args:
+        base_url: the server (``docker run --privileged -p 5000:5000 android_world:latest``).
+        timeout: HTTP timeout in seconds (task initialisation can take a while).
+        transport: an ``httpx.BaseTransport`` (tests pass ``httpx.MockTransport``).
+        wait_to_stabilize: ask the server to wait for a stable screen before screenshots.
+        ui_dump: optional callable returning the current uiautomator XML (the server has none).
+        close_server: also ``POST /close`` (shuts the server's emulator env) in :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 300.0,
+        transport: httpx.BaseTransport | None = None,
+        wait_to_stabilize: bool = False,
+        ui_dump: Callable[[], str] | None = None,
+        close_server: bool = False,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.wait_to_stabilize = wait_to_stabilize
+        self.ui_dump = ui_dump
+        self.close_server = close_server
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        self.task: tuple[str, int] | None = None
+        self.goal: str | None = None
+        self.steps = 0
+        self._last_tap: tuple[int, int] | None = None
+
+    # -- HTTP --
+
+    def _request(
+        self, method: str, path: str, *, params: dict | None = None, json: Any = None
+    ) -> dict[str, Any]:
+        try:
+            resp = self._client.request(method, path, params=params, json=json)
+        except httpx.TimeoutException as e:
+            raise EnvTimeout(f"AndroidWorld server {self.base_url}{path} timed out: {e!r}") from e
+        except httpx.TransportError as e:
+            raise EnvCrashed(f"AndroidWorld server {self.base_url} unreachable: {e!r}") from e
+        if resp.status_code >= 400:
+            body = resp.text[:500]
+            raise EnvError(f"AndroidWorld server {method} {path} -> HTTP {resp.status_code}: {body}")
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise EnvError(f"AndroidWorld server {path} returned non-JSON: {resp.text[:200]!r}") from e
+
+    @staticmethod
+    def _flag(value: bool) -> str:
+        return "true" if value else "false"
+
+    def health(self) -> bool:
+        try:
+            return self._request("GET", "/health").get("status") == "success"
+        except EnvError:
+            return False
+
+    def task_list(self, max_index: int = -1) -> list[str]:
+        return list(self._request("GET", "/suite/task_list", params={"max_index": max_index})["task_list"])
+
+    def task_length(self, task_type: str) -> int:
+        return int(self._request("GET", "/suite/task_length", params={"task_type": task_type})["length"])
+
+    def reinitialize_suite(
+        self, n_task_combinations: int = 2, seed: int = 42, task_family: str = "android_world"
+    ) -> None:
+        self._request(
+            "GET",
+            "/suite/reinitialize",
+            params={"n_task_combinations": n_task_combinations, "seed": seed, "task_family": task_family},
+        )
+
+    def task_goal(self, task_type: str, task_idx: int) -> str:
+        return str(
+            self._request("GET", "/task/goal", params={"task_type": task_type, "task_idx": task_idx})["goal"]
+        )
+
+    def task_template(self, task_type: str, task_idx: int) -> str:
+        params = {"task_type": task_type, "task_idx": task_idx}
+        return str(self._request("GET", "/task/template", params=params)["template"])
+
+    def execute(self, json_action: dict[str, Any]) -> None:
+        self._request("POST", "/execute_action", json=json_action)
+
+    def screenshot(self) -> Image.Image:
+        data = self._request(
+            "GET", "/screenshot", params={"wait_to_stabilize": self._flag(self.wait_to_stabilize)}
+        )
+        return pixels_to_image(data["pixels"])
+
+    def observe(self) -> Observation:
+        image = self.screenshot()
+        xml = self.ui_dump() if self.ui_dump is not None else EMPTY_HIERARCHY
+        return Observation(
+            xml=xml, app="", width=image.width, height=image.height, screenshot=image, step=self.steps
+        )
+
+    # -- Env --
+
+    def reset(self, task: TaskSpec | str) -> Observation:
+        task_type, task_idx = parse_task(task)
+        self._tear_down()
+        self._request("POST", "/reset", params={"go_home": "true"})
+        self._request("POST", "/task/initialize", params={"task_type": task_type, "task_idx": task_idx})
+        self.task = (task_type, task_idx)
+        self.goal = self.task_goal(task_type, task_idx)
+        self.steps = 0
+        self._last_tap = None
+        return self.observe()
+
+    def step(self, action: Action) -> StepResult:
+        if self.task is None:
+            raise EnvError("step() before reset()")
+        self.steps += 1
+        info: dict[str, Any] = {}
+        try:
+            payloads = to_json_action(action, self._last_tap)
+        except EnvError as e:
+            payloads, info["error"] = [], str(e)
+        for payload in payloads:
+            self.execute(payload)
+        if action.name == TAP and action.center is not None:
+            self._last_tap = action.center
+        return StepResult(self.observe(), done=action.name == FINISH, info=info)
+
+    def evaluate(self) -> float | None:
+        if self.task is None:
+            raise EnvError("evaluate() before reset()")
+        task_type, task_idx = self.task
+        score = self._request("GET", "/task/score", params={"task_type": task_type, "task_idx": task_idx})[
+            "score"
+        ]
+        return None if score is None else float(score)
+
+    def _tear_down(self) -> None:
+        if self.task is not None:
+            task_type, task_idx = self.task
+            self.task = None
+            self._request("POST", "/task/tear_down", params={"task_type": task_type, "task_idx": task_idx})
+
+    def close(self) -> None:
+        try:
+            try:
+                self._tear_down()
+            except EnvError:
+                pass  # closing must not fail because the server already went away
+            if self.close_server:
+                self._request("POST", "/close")
+        finally:
+            self._client.close()
