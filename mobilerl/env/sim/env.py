@@ -53,6 +53,9 @@ class SimEnv:
         self.done = dev.finished or dev.steps >= self.task.max_steps
         if self.done and not dev.finished:
             info["truncated"] = True
+        if self.done and self.task.has_verifier:
+            # Sub-goal progress travels in the last step's info so it survives pools and the env server.
+            info["subgoals"] = self.subgoals()
         return StepResult(obs, self.done, info)
 
     def evaluate(self) -> float | None:
