@@ -77,7 +77,7 @@ def _draw(d: ImageDraw.ImageDraw, n: ui.Node, accent) -> None:
         _glyph(d, b, n.desc, WHITE)
     elif s in ("icon", "icon_minus", "icon_plus"):
         d.ellipse(b, outline=accent, width=4)
-        _glyph(d, b, {"icon_minus": "−", "icon_plus": "+"}.get(s, n.desc), accent)
+        _glyph(d, b, {"icon_minus": "-", "icon_plus": "+"}.get(s, n.desc), accent)
     elif s == "row":
         d.line((b[0] + 40, b[3] - 1, b[2], b[3] - 1), fill=DIVIDER, width=2)
         if n.selected:
@@ -132,10 +132,29 @@ def _draw(d: ImageDraw.ImageDraw, n: ui.Node, accent) -> None:
 
 
 def _glyph(d: ImageDraw.ImageDraw, b: ui.Box, desc: str, fill) -> None:
-    """A one-character stand-in for an icon, drawn from its content description."""
-    table = {"Navigate up": "←", "More options": "⋮", "Search": "⌕", "Save": "✓", "Delete": "×", "Edit": "✎"}
-    ch = table.get(desc, "+" if desc.lower().startswith(("add", "new", "create")) else (desc[:1] or "?"))
-    _text(d, b, ch, 64, fill, center=True)
+    """A stand-in for an icon, drawn from its content description (the built-in font is ASCII only)."""
+    x1, y1, x2, y2 = b
+    cx, cy, r = (x1 + x2) // 2, (y1 + y2) // 2, max(8, min(x2 - x1, y2 - y1) // 4)
+    if desc == "Navigate up":
+        d.line((cx + r, cy, cx - r, cy), fill=fill, width=7)
+        d.line((cx - r, cy, cx - r // 3, cy - r // 2 - 8), fill=fill, width=7)
+        d.line((cx - r, cy, cx - r // 3, cy + r // 2 + 8), fill=fill, width=7)
+        return
+    if desc == "Save":
+        d.line((cx - r, cy, cx - r // 3, cy + r // 1.5, cx + r, cy - r // 1.5), fill=fill, width=8)
+        return
+    if desc == "Search":
+        d.ellipse((cx - r, cy - r, cx + r // 2, cy + r // 2), outline=fill, width=6)
+        d.line((cx + r // 3, cy + r // 3, cx + r, cy + r), fill=fill, width=7)
+        return
+    if desc == "More options":
+        for dy in (-r, 0, r):
+            d.ellipse((cx - 6, cy + dy - 6, cx + 6, cy + dy + 6), fill=fill)
+        return
+    ch = {"Delete": "x", "Edit": "/"}.get(desc)
+    if ch is None:
+        ch = "+" if desc.lower().startswith(("add", "new", "create")) else (desc[:1] or "?")
+    _text(d, b, ch if ch.isascii() else "?", 64, fill, center=True)
 
 
 _ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")

@@ -22,7 +22,7 @@ STATUS_H = 84
 TOOLBAR_H = 168
 NAV_H = 0  # gesture navigation: no on-screen nav bar
 KEYBOARD_H = 840
-BOTTOM_BAR_H = 168
+BOTTOM_BAR_H = 170
 
 
 @dataclass(slots=True, eq=False)

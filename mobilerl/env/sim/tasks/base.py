@@ -201,6 +201,10 @@ class OracleAgent:
             action = next(self.gen)  # type: ignore[arg-type]
         except StopIteration:
             raise ExpertError(f"{self.template.name}: the expert script ended without finish()") from None
+        except ExpertError:
+            raise
+        except Exception as e:  # a script bug or an unexpected screen: report it as the expert's failure
+            raise ExpertError(f"{self.template.name}: expert failed with {type(e).__name__}: {e}") from e
         if action.name == A.FINISH:
             self.done = True
         return action
