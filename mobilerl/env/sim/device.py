@@ -191,6 +191,7 @@ class Device:
         return self.foreground or "Home"
 
     def go_home(self) -> None:
+        self._tree = None
         self.foreground = None
         self.loading = False
         self.overlay = None
@@ -199,6 +200,7 @@ class Device:
         key = self.resolve_app(name)
         if key is None:
             return False
+        self._tree = None
         self.foreground = key
         self.apps[key].restart()
         self.overlay = None

@@ -23,15 +23,22 @@ def _in(dev, page: str) -> bool:
 
 
 def yes_no(answer: str | None) -> bool | None:
-    """Reads a yes/no (on/off) answer; None when it is neither."""
+    """Reads a yes/no (on/off) answer; None when it says neither clearly (e.g. "I do not know")."""
     if answer is None:
         return None
-    words = set(_norm(answer).replace(",", " ").replace(".", " ").split())
-    neg = bool(words & {"no", "off", "not", "disabled", "closed", "isn't", "doesn't"})
-    pos = bool(words & {"yes", "on", "open", "enabled", "opened"})
-    if neg == pos:
-        return None
-    return pos
+    words = set(_norm(answer).replace(",", " ").replace(".", " ").replace("!", " ").split())
+    if "yes" in words and "no" not in words:
+        return True
+    if "no" in words and "yes" not in words:
+        return False
+    pos = bool(words & {"on", "open", "opened", "enabled", "active"})
+    neg = bool(words & {"off", "closed", "disabled", "inactive"})
+    negated = bool(words & {"not", "isn't", "isnt", "wasn't"})
+    if pos and not neg:
+        return not negated
+    if neg and not pos and not negated:
+        return False
+    return None
 
 
 class LabSettingsAlarmVolumeMax(Template):

@@ -155,7 +155,8 @@ class SimpleCalendarDeleteEventsOnDate(Template):
             busy.add(h)
             extra.append([t, h, rng.choice([0, 30]), rng.choice([30, 60])])
         return {"date": d.isoformat(), "date_text": date_text(d), "extra": extra,
-                "n_events": len(cal.events) + len(extra), "n_day": len(have) + len(extra)}
+                "n_events": len(cal.events) + len(extra), "n_day": len(have) + len(extra),
+                "day_titles": [e.title for e in have] + [t for t, *_ in extra]}
 
     def setup(self, dev, p):
         d = _d(p["date"])
@@ -165,7 +166,9 @@ class SimpleCalendarDeleteEventsOnDate(Template):
 
     def check(self, dev, p):
         cal = _cal_app(dev)
-        return not cal.on_day(_d(p["date"])) and len(cal.events) == p["n_events"] - p["n_day"]
+        deleted = {entry.split(":", 1)[1] for entry in dev.log if entry.startswith("event_deleted:")}
+        return (not cal.on_day(_d(p["date"])) and len(cal.events) == p["n_events"] - p["n_day"]
+                and set(p["day_titles"]) <= deleted)
 
     def expert(self, p, x):
         yield from x.launch("Calendar")

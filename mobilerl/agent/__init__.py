@@ -1,0 +1,25 @@
+"""Policies and the one multi-turn rollout loop."""
+
+from mobilerl.agent.policy import (
+    OraclePolicy,
+    Policy,
+    PolicyContext,
+    PolicyError,
+    PolicyOutput,
+    RandomPolicy,
+    ScriptedPolicy,
+    parse_compressed,
+)
+from mobilerl.agent.rollout import rollout
+
+__all__ = [
+    "OraclePolicy",
+    "Policy",
+    "PolicyContext",
+    "PolicyError",
+    "PolicyOutput",
+    "RandomPolicy",
+    "ScriptedPolicy",
+    "parse_compressed",
+    "rollout",
+]

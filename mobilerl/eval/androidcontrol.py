@@ -1,0 +1,291 @@
+"""Offline AndroidControl-style step evaluation (MobileRL Appendix D.5, Table 8).
+
+Each ground-truth step is one of our :class:`~mobilerl.env.actions.Action` s plus, for point actions
+(Tap / Long Press), the original point the annotator clicked. A predicted response is judged by:
+
+==========  =============================================================================
+GT action   the prediction is correct iff its type matches and …
+==========  =============================================================================
+Tap         the GT point lies inside the predicted box (bounds inclusive)
+Long Press  the GT point lies inside the predicted box
+Swipe       the directions match (both in *our* finger sense, see below)
+Launch      the app names match, case-insensitively (surrounding whitespace ignored)
+Type        token-level F1 between predicted and GT text > 0.5
+Back/Home/  (type match is enough)
+Wait/Finish
+==========  =============================================================================
+
+Scroll vs swipe: AndroidControl's ``scroll`` direction is where the *content* moves into view
+("scroll down" reveals what is below), our ``Swipe`` direction is where the *finger* moves; they are
+opposite, so :func:`from_androidcontrol` maps ``scroll down`` to ``Swipe up`` (and left ↔ right).
+
+Metrics (per mode): ``type_accuracy`` (type matches / steps), ``grounding_accuracy`` (over GT Tap /
+Long Press steps whose predicted type matched: point inside box), ``grounding_accuracy_all`` (same,
+over all GT Tap / Long Press steps), ``step_success_rate`` (type and argument rule), ``invalid_rate``
+(unparseable responses) and ``episode_success_rate`` (every step of the episode correct).
+
+Modes (:func:`run_androidcontrol`): **low** — one single-turn call per step, the instruction is the step
+instruction, no history; **high** — the episode goal, with a history of previous turns, in which a wrong
+prediction is replaced by the ground-truth action (``format_action``) so that later steps are judged
+from the expert's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
+from mobilerl.env import actions as A
+from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
+from mobilerl.env.base import Observation, TaskSpec
+
+Point = tuple[int, int]
+
+_OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+
+@dataclass(frozen=True)
+class GTStep:
+    """A ground-truth step: our action, and the original point for Tap / Long Press (else the box's
+    centre is used)."""
+
+    action: Action
+    point: Point | None = None
+
+    @property
+    def target_point(self) -> Point | None:
+        return self.point if self.point is not None else self.action.center
+
+
+@dataclass
+class ACEpisode:
+    """One AndroidControl episode: goal, per-step instructions, per-step screens (compressed XML) and GT.
+
+    ``observations[i]``, ``step_instructions[i]`` and ``actions[i]`` describe step ``i``; the lists must
+    have the same length.
+    """
+
+    episode_id: str
+    goal: str
+    step_instructions: list[str]
+    observations: list[str]
+    actions: list[GTStep]
+    width: int = 1080
+    height: int = 2400
+
+    def __post_init__(self) -> None:
+        n = len(self.actions)
+        if len(self.observations) != n or len(self.step_instructions) != n:
+            raise ValueError(
+                f"episode {self.episode_id!r}: {n} actions, {len(self.observations)} observations and "
+                f"{len(self.step_instructions)} step instructions; they must match"
+            )
+
+
+def from_androidcontrol(
+    d: dict[str, Any], xml_compressed: str = "", width: int = 1080, height: int = 2400
+) -> GTStep:
+    """Convert one AndroidControl action (``{"action_type": ..., ...}``) into a :class:`GTStep`.
+
+    ``click`` / ``long_press`` at ``(x, y)`` become Tap / Long Press on the smallest UI box of
+    ``xml_compressed`` that contains the point (App. D.5: point → bounding box), or on a 1-pixel box at
+    the point when no box contains it; the point is kept. ``scroll`` inverts the direction (see module
+    docstring); ``open_app`` → Launch, ``input_text`` → Type, ``navigate_home`` / ``navigate_back`` /
+    ``wait`` → Home / Back / Wait; ``status`` / ``finish`` → Finish.
+    """
+    kind = str(d.get("action_type", "")).strip().lower()
+    if kind in ("click", "long_press"):
+        try:
+            x, y = int(d["x"]), int(d["y"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"AndroidControl {kind} needs integer x and y, got {d!r}") from None
+        boxes = [n.bounds for n in parse_compressed(xml_compressed) if _inside((x, y), n.bounds)]
+        if boxes:
+            box = min(boxes, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))
+        else:
+            box = (max(0, x), max(0, y), max(0, x) + 1, max(0, y) + 1)
+        return GTStep(Action(A.TAP if kind == "click" else A.LONG_PRESS, element=box), (x, y))
+    if kind == "scroll":
+        direction = str(d.get("direction", "")).strip().lower()
+        if direction not in _OPPOSITE:
+            raise ValueError(f"AndroidControl scroll needs direction up/down/left/right, got {d!r}")
+        return GTStep(Action(A.SWIPE, direction=_OPPOSITE[direction], dist="medium"))
+    if kind == "open_app":
+        return GTStep(Action(A.LAUNCH, app=str(d.get("app_name", ""))))
+    if kind == "input_text":
+        return GTStep(Action(A.TYPE, text=str(d.get("text", ""))))
+    simple = {
+        "navigate_home": A.HOME,
+        "navigate_back": A.BACK,
+        "wait": A.WAIT,
+        "status": A.FINISH,
+        "finish": A.FINISH,
+    }
+    if kind in simple:
+        return GTStep(Action(simple[kind]))
+    raise ValueError(f"unknown AndroidControl action_type {kind!r} in {d!r}")
+
+
+def _inside(p: Point, box: tuple[int, int, int, int]) -> bool:
+    x, y = p
+    return box[0] <= x <= box[2] and box[1] <= y <= box[3]
+
+
+_PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
+
+
+def _tokens(s: str) -> list[str]:
+    return _PUNCT.sub(" ", s.lower()).split()
+
+
+def token_f1(pred: str, gold: str) -> float:
+    """Token-level F1 (lower-cased, punctuation removed, whitespace split, multiset overlap):
+    ``2PR / (P + R)`` with ``P = overlap/|pred|``, ``R = overlap/|gold|``; two empty texts give 1.0."""
+    p, g = _tokens(pred), _tokens(gold)
+    if not p and not g:
+        return 1.0
+    if not p or not g:
+        return 0.0
+    overlap = sum((Counter(p) & Counter(g)).values())
+    if overlap == 0:
+        return 0.0
+    prec, rec = overlap / len(p), overlap / len(g)
+    return 2 * prec * rec / (prec + rec)
+
+
+@dataclass(frozen=True)
+class StepJudgement:
+    type_match: bool
+    grounded: bool | None  # None unless the GT is Tap / Long Press
+    success: bool
+    invalid: bool = False
+
+
+def judge_step(gt: GTStep, pred: Action | None) -> StepJudgement:
+    """Apply Table 8's rule of ``gt``'s action type to a predicted action (``None``: unparseable)."""
+    g = gt.action
+    grounding = g.name in (A.TAP, A.LONG_PRESS)
+    if pred is None:
+        return StepJudgement(False, False if grounding else None, False, invalid=True)
+    if pred.name != g.name:
+        return StepJudgement(False, False if grounding else None, False)
+    if grounding:
+        point = gt.target_point
+        ok = point is not None and pred.element is not None and _inside(point, pred.element)
+        return StepJudgement(True, ok, ok)
+    if g.name == A.SWIPE:
+        ok = pred.direction == g.direction
+    elif g.name == A.LAUNCH:
+        ok = (pred.app or "").strip().lower() == (g.app or "").strip().lower()
+    elif g.name == A.TYPE:
+        ok = token_f1(pred.text or "", g.text or "") > 0.5
+    else:  # Back, Home, Wait, Finish
+        ok = True
+    return StepJudgement(True, None, ok)
+
+
+def judge_response(gt: GTStep, response: str) -> StepJudgement:
+    try:
+        pred = parse_action(response)
+    except ActionParseError:
+        pred = None
+    return judge_step(gt, pred)
+
+
+def step_metrics(judgements: Sequence[StepJudgement]) -> dict[str, float | int | None]:
+    """Aggregate step judgements (see the module docstring for the definitions)."""
+    n = len(judgements)
+    ground = [j for j in judgements if j.grounded is not None]
+    ground_typed = [j for j in ground if j.type_match]
+    return {
+        "n_steps": n,
+        "type_accuracy": sum(j.type_match for j in judgements) / n if n else None,
+        "grounding_accuracy": sum(bool(j.grounded) for j in ground_typed) / len(ground_typed)
+        if ground_typed
+        else None,
+        "grounding_accuracy_all": sum(bool(j.grounded) for j in ground) / len(ground) if ground else None,
+        "step_success_rate": sum(j.success for j in judgements) / n if n else None,
+        "invalid_rate": sum(j.invalid for j in judgements) / n if n else None,
+    }
+
+
+@dataclass
+class ACStepResult:
+    episode_id: str
+    index: int
+    response: str
+    gt: str  # format_action of the GT action
+    judgement: StepJudgement
+
+
+@dataclass
+class ACResult:
+    mode: str
+    steps: list[ACStepResult] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _task(ep: ACEpisode, instruction: str, index: int | None) -> TaskSpec:
+    tid = f"androidcontrol/test/{ep.episode_id}" + (f"/{index}" if index is not None else "")
+    return TaskSpec(
+        task_id=tid, suite="androidcontrol", split="test", template="androidcontrol", instruction=instruction
+    )
+
+
+async def _run_episode(policy: Policy, ep: ACEpisode, mode: str) -> list[ACStepResult]:
+    out: list[ACStepResult] = []
+    history: list[str] = []
+    goal_task = _task(ep, ep.goal, None)
+    for i, (gt, xml_c) in enumerate(zip(ep.actions, ep.observations, strict=True)):
+        obs = Observation(xml="", app="", width=ep.width, height=ep.height, step=i)
+        if mode == "low":
+            ctx = PolicyContext(
+                _task(ep, ep.step_instructions[i], i), obs, xml_c, (), 0, f"{ep.episode_id}/{i}"
+            )
+        else:
+            ctx = PolicyContext(goal_task, obs, xml_c, tuple(history), i, ep.episode_id)
+        resp = await policy.act(ctx)
+        if not isinstance(resp, PolicyOutput):
+            raise TypeError(f"{type(policy).__name__}.act returned {type(resp).__name__}, not PolicyOutput")
+        j = judge_response(gt, resp.text)
+        out.append(ACStepResult(ep.episode_id, i, resp.text, format_action(gt.action), j))
+        history.append(resp.text if j.success else format_action(gt.action))
+    return out
+
+
+async def run_androidcontrol(
+    policy: Policy, episodes: Sequence[ACEpisode], mode: str = "high", concurrency: int = 8
+) -> ACResult:
+    """Query ``policy`` on every step of ``episodes`` in ``mode`` (``"low"`` or ``"high"``) and score it.
+
+    Episodes run concurrently (at most ``concurrency`` at once); the steps of one episode run in order
+    (high mode's history depends on the previous judgements). A policy exception propagates.
+    Metrics: :func:`step_metrics` plus ``episode_success_rate`` and ``n_episodes``.
+    """
+    if mode not in ("low", "high"):
+        raise ValueError(f"mode must be 'low' or 'high', got {mode!r}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(ep: ACEpisode) -> list[ACStepResult]:
+        async with sem:
+            return await _run_episode(policy, ep, mode)
+
+    per_episode = await asyncio.gather(*(one(ep) for ep in episodes))
+    result = ACResult(mode=mode, steps=[s for eps in per_episode for s in eps])
+    metrics: dict[str, Any] = dict(step_metrics([s.judgement for s in result.steps]))
+    metrics["n_episodes"] = len(episodes)
+    metrics["episode_success_rate"] = (
+        sum(all(s.judgement.success for s in eps) for eps in per_episode) / len(per_episode)
+        if per_episode
+        else None
+    )
+    result.metrics = {f"androidcontrol/{mode}/{k}": v for k, v in metrics.items()}
+    return result

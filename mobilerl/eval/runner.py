@@ -1,0 +1,195 @@
+"""Evaluate a policy on a task set: every (task, trial) episode runs concurrently through an EnvPool.
+
+    trajs = await evaluate(lambda seed: RandomPolicy(seed), list_tasks("world", "test"), n_trials=8)
+    summary = summarize(trajs)
+
+Seeds: the environment side of an episode is fixed by the task — the simulator draws its initial
+state *and* its perturbations (pop-ups, loading screens, list shuffles) from ``task.seed`` — so all
+trials of a task meet the same device. Trials differ only through the policy: trial ``t`` of task ``id``
+gets the policy seed ``episode_seed(base_seed, id, t)`` (a stable hash), passed to
+``policy_factory(seed)``, which is called once per episode. A policy factory may return a shared
+instance (policies key their per-episode state by ``ctx.episode_id``).
+
+Workers: by default each is a :class:`~mobilerl.env.pool.ThreadEnv` over ``SimEnv(render=False,
+perturb=perturb)`` (threads on one bounded executor); ``use_processes=True`` runs each env in its own
+child process (:class:`~mobilerl.env.pool.ProcessEnv`; ``env_factory`` must then be picklable, e.g. a
+class or ``functools.partial``). ``perturb`` only configures the default factory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mobilerl.agent.policy import Policy
+from mobilerl.agent.rollout import rollout
+from mobilerl.data.schema import JsonlWriter, Trajectory
+from mobilerl.env.base import Env, TaskSpec
+from mobilerl.env.pool import EnvPool, ProcessEnv, ThreadEnv
+
+log = logging.getLogger(__name__)
+
+PolicyFactory = Callable[[int], Policy]
+
+
+def episode_seed(base_seed: int, task_id: str, trial: int) -> int:
+    """A stable 63-bit policy seed for trial ``trial`` of ``task_id`` (independent of run order)."""
+    h = hashlib.blake2b(f"{base_seed}|{task_id}|{trial}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") >> 1
+
+
+def _default_env_factory(perturb: str) -> Callable[[], Env]:
+    from mobilerl.env.sim.env import SimEnv
+
+    return functools.partial(SimEnv, render=False, perturb=perturb)
+
+
+async def evaluate(
+    policy_factory: PolicyFactory,
+    tasks: Sequence[TaskSpec],
+    *,
+    n_trials: int = 1,
+    concurrency: int = 16,
+    env_factory: Callable[[], Env] | None = None,
+    perturb: str = "default",
+    out_path: str | Path | None = None,
+    progress: bool = True,
+    use_processes: bool = False,
+    base_seed: int = 0,
+    call_timeout: float | None = 120.0,
+    keep_screenshots_dir: str | Path | None = None,
+    append: bool = False,
+) -> list[Trajectory]:
+    """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
+
+    Args:
+        policy_factory: ``seed -> Policy``, called once per episode with that episode's seed.
+        tasks: the tasks (e.g. ``list_tasks("world", "test")``).
+        n_trials: episodes per task (pass@k needs ``n_trials >= k``).
+        concurrency: episodes in flight at once (= env workers in the pool).
+        env_factory: builds one synchronous env (default: ``SimEnv(render=False, perturb=perturb)``).
+        perturb: perturbation profile of the default factory (``none`` / ``default`` / ``heavy``).
+        out_path: if set, each trajectory is appended to this JSONL file as soon as it ends
+            (completion order; the file is truncated first unless ``append``).
+        progress: show a tqdm bar with the running success rate.
+        use_processes: one child process per env worker instead of threads.
+        base_seed: mixed into every episode's policy seed.
+        call_timeout: seconds allowed per env call (a timed-out worker is replaced; the episode records
+            the error).
+        keep_screenshots_dir: passed to :func:`~mobilerl.agent.rollout.rollout` (needs a rendering env).
+
+    An episode whose env crashes, times out or cannot be leased (``error="env: ..."``), or whose policy
+    cannot be built (``"policy: ..."``), ends with ``Trajectory.error`` set; the others go on. The pool
+    replaces crashed workers.
+    """
+    if n_trials < 1:
+        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    episodes = [(task, trial) for task in tasks for trial in range(n_trials)]
+    if not episodes:
+        return []
+    make_env = env_factory if env_factory is not None else _default_env_factory(perturb)
+    size = min(concurrency, len(episodes))
+    executor: ThreadPoolExecutor | None = None
+    if use_processes:
+
+        def worker_factory() -> Any:
+            return ProcessEnv.create(make_env)
+    else:
+        executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="mobilerl-eval-env")
+
+        def worker_factory() -> Any:
+            return ThreadEnv(make_env(), executor=executor)
+
+    results: list[Trajectory | None] = [None] * len(episodes)
+    writer = JsonlWriter(out_path, append=append) if out_path is not None else None
+    bar = tqdm(total=len(episodes), disable=not progress, desc="eval", unit="ep", dynamic_ncols=True)
+    n_success = n_done = 0
+    pool = EnvPool(worker_factory, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8))
+
+    async def one(i: int, task: TaskSpec, trial: int) -> None:
+        nonlocal n_success, n_done
+        seed = episode_seed(base_seed, task.task_id, trial)
+        t0 = time.perf_counter()
+        stage = "policy"  # which side failed, if something fails outside the rollout
+        try:
+            policy = policy_factory(seed)
+            stage = "env"
+            async with pool.acquire() as env:
+                stage = "runner"
+                traj = await rollout(
+                    env, policy, task, trial=trial, seed=seed, keep_screenshots_dir=keep_screenshots_dir
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one bad episode must not end the evaluation
+            log.warning("episode %s trial %d failed outside the rollout: %r", task.task_id, trial, e)
+            traj = Trajectory.for_task(
+                task, trial=trial, seed=seed, error=f"{stage}: {type(e).__name__}: {e}"
+            )
+            traj.wall_time_s = time.perf_counter() - t0
+        results[i] = traj
+        n_done += 1
+        n_success += traj.success
+        if writer is not None:
+            writer.write(traj)
+        bar.update(1)
+        bar.set_postfix(sr=f"{n_success / n_done:.3f}", refresh=False)
+
+    try:
+        async with pool:
+            jobs = [asyncio.create_task(one(i, task, trial)) for i, (task, trial) in enumerate(episodes)]
+            try:
+                await asyncio.gather(*jobs)
+            except BaseException:
+                # A failure outside any episode (e.g. the JSONL file) or a cancellation: stop the rest
+                # before the pool closes under them.
+                for job in jobs:
+                    job.cancel()
+                await asyncio.gather(*jobs, return_exceptions=True)
+                raise
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+    return [t for t in results if t is not None]
+
+
+def evaluate_sync(
+    policy_factory: PolicyFactory, tasks: Sequence[TaskSpec], **kwargs: Any
+) -> list[Trajectory]:
+    """:func:`evaluate` from synchronous code (starts its own event loop; not from inside a running one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("evaluate_sync() called from a running event loop; await evaluate(...) instead")
+    return asyncio.run(evaluate(policy_factory, tasks, **kwargs))
+
+
+def sim_template_texts(tasks: Sequence[TaskSpec]) -> dict[str, str]:
+    """Instruction templates (with ``{placeholders}``) of simulator tasks, for the semantic features of
+    :func:`mobilerl.eval.metrics.summarize`. Tasks of other suites are skipped."""
+    from mobilerl.env.sim.tasks.registry import SUITES, template
+
+    out: dict[str, str] = {}
+    for t in tasks:
+        if t.suite in SUITES and t.template not in out:
+            try:
+                out[t.template] = template(t.suite, t.template).template or t.instruction
+            except KeyError:
+                continue
+    return out

@@ -1,0 +1,169 @@
+"""The concurrent evaluation runner: oracle ≈ 100 %, random ≈ 0 %, JSONL output, seeds, crash tolerance."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+
+import pytest
+
+from mobilerl.agent import OraclePolicy, RandomPolicy, ScriptedPolicy
+from mobilerl.data import read_jsonl
+from mobilerl.env.actions import Action, format_action
+from mobilerl.env.base import EnvCrashed, TaskSpec
+from mobilerl.env.fake import BUTTON, CounterEnv
+from mobilerl.env.sim.tasks import get_task, templates
+from mobilerl.env.sim.tasks.registry import n_instances
+from mobilerl.eval import episode_seed, evaluate_sync, sim_template_texts, summarize
+
+TAP = format_action(Action("Tap", element=BUTTON))
+
+
+def sample_world_test(per_template: int, seed: int = 0) -> list[TaskSpec]:
+    """``per_template`` random instances of every world/test template (the suite grows over time).
+
+    Same tasks as sampling ``list_tasks("world", "test")``, without building all of its instances.
+    """
+    rng = random.Random(seed)
+    out = []
+    for t in templates("world"):
+        for i in sorted(rng.sample(range(n_instances(t, "test")), per_template)):
+            out.append(get_task(f"world/test/{t.name}/{i}", with_optimal=False))
+    return out
+
+
+def test_oracle_scores_100_percent_on_world_test_sample(tmp_path):
+    tasks = sample_world_test(per_template=2)
+    assert len(tasks) >= 2 * 60
+    out = tmp_path / "oracle.jsonl"
+    trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, concurrency=8, out_path=out, progress=False)
+    failed = [(t.task_id, t.error, t.answer) for t in trajs if not t.success]
+    assert not failed, failed[:5]
+    assert [t.task_id for t in trajs] == [t.task_id for t in tasks]
+    assert all(t.finished and t.reward == 1.0 and t.n_invalid == 0 for t in trajs)
+    # every trajectory is in the JSONL file (completion order)
+    assert sorted(t.task_id for t in read_jsonl(out)) == sorted(t.task_id for t in tasks)
+    s = summarize(trajs, template_texts=sim_template_texts(tasks))
+    assert s["eval/success_rate"] == 1.0 and s["eval/pass@1"] == 1.0
+    assert set(s["eval/by_semantic"]) == {"S1", "S2", "S3"}
+    assert sum(s[k] for k in s if k.startswith("failures/")) == 0
+
+
+def test_random_scores_near_zero():
+    tasks = sample_world_test(per_template=1, seed=1)
+    trajs = evaluate_sync(lambda seed: RandomPolicy(seed), tasks, concurrency=8, progress=False)
+    sr = sum(t.success for t in trajs) / len(trajs)
+    assert sr <= 0.05, sr
+    assert all(t.error is None for t in trajs)
+    assert all(t.n_steps <= t.max_steps for t in trajs)
+    s = summarize(trajs)
+    assert s["failures/finished_wrong"] + s["failures/never_finished"] + s["failures/loop"] >= 0.9 * len(
+        trajs
+    )
+    assert 0 < s["lab/ror"] < 1
+
+
+def counter_task(name: str, target: int = 1) -> TaskSpec:
+    return TaskSpec(
+        task_id=f"fake/test/{name}/{target}", suite="fake", split="test", template=name, instruction="tap"
+    )
+
+
+class CrashOnSecondStep(CounterEnv):
+    """Its step() dies (like a killed worker) on the second step of tasks named "crash"."""
+
+    def step(self, action):
+        if self.task_id is not None and "/crash" in self.task_id and self.steps >= 1:
+            raise EnvCrashed("emulator died")
+        return super().step(action)
+
+
+def test_crashed_env_yields_error_trajectory_and_the_runner_goes_on(tmp_path):
+    built: list[CrashOnSecondStep] = []
+
+    def factory():
+        env = CrashOnSecondStep()
+        built.append(env)
+        return env
+
+    tasks = [
+        counter_task("ok", 2),
+        counter_task("crash", 2),
+        counter_task("ok2", 2),
+        counter_task("crash2", 2),
+    ]
+    tasks += [counter_task(f"more{i}", 1) for i in range(6)]
+    policy = ScriptedPolicy([TAP, TAP, "finish()"])
+    trajs = evaluate_sync(
+        lambda seed: policy,
+        tasks,
+        concurrency=2,
+        env_factory=factory,
+        progress=False,
+        out_path=tmp_path / "x.jsonl",
+    )
+    by_id = {t.task_id: t for t in trajs}
+    for tid in ("fake/test/crash/2", "fake/test/crash2/2"):
+        t = by_id[tid]
+        assert t.error is not None and "EnvCrashed: emulator died" in t.error and not t.success
+        assert t.n_steps == 2
+    ok = [t for t in trajs if "crash" not in t.task_id]
+    assert len(ok) == 8 and all(t.error is None for t in ok)
+    assert all(t.success for t in ok if t.task_id.endswith("/2"))  # 2 taps then finish
+    assert len(built) == 2 + 2  # the pool replaced both crashed workers
+    assert len(read_jsonl(tmp_path / "x.jsonl")) == len(tasks)
+    assert summarize(trajs)["failures/env_error"] == 2
+
+
+def test_trials_get_distinct_seeds_on_the_same_task():
+    seeds: list[int] = []
+
+    def factory(seed):
+        seeds.append(seed)
+        return RandomPolicy(seed)
+
+    tasks = [counter_task("a"), counter_task("b")]
+    trajs = evaluate_sync(factory, tasks, n_trials=3, env_factory=CounterEnv, progress=False, base_seed=5)
+    assert [(t.task_id, t.trial) for t in trajs] == [(t.task_id, i) for t in tasks for i in range(3)]
+    assert len(set(seeds)) == 6 and sorted(seeds) == sorted(t.seed for t in trajs)
+    assert trajs[0].seed == episode_seed(5, "fake/test/a/1", 0) != episode_seed(6, "fake/test/a/1", 0)
+    assert len({t.task_seed for t in trajs if t.task_id == "fake/test/a/1"}) == 1
+    s = summarize(trajs, k_values=(1, 2, 4))
+    assert s["eval/trials_per_task"] == 3
+
+
+def test_process_workers():
+    tasks = [counter_task(f"p{i}", 1) for i in range(4)]
+    trajs = evaluate_sync(
+        lambda seed: ScriptedPolicy([TAP, "finish()"]),
+        tasks,
+        concurrency=2,
+        env_factory=functools.partial(CounterEnv, target=1),
+        use_processes=True,
+        progress=False,
+    )
+    assert all(t.success for t in trajs), [t.error for t in trajs]
+
+
+def test_argument_checks_and_sync_wrapper_in_a_loop():
+    with pytest.raises(ValueError, match="n_trials"):
+        evaluate_sync(lambda s: RandomPolicy(s), [counter_task("a")], n_trials=0, progress=False)
+    assert evaluate_sync(lambda s: RandomPolicy(s), [], progress=False) == []
+
+    async def inside():
+        evaluate_sync(lambda s: RandomPolicy(s), [counter_task("a")], progress=False)
+
+    with pytest.raises(RuntimeError, match="running event loop"):
+        asyncio.run(inside())
+
+
+def test_policy_factory_failure_is_a_policy_error():
+    def broken(seed):
+        raise RuntimeError("no checkpoint")
+
+    trajs = evaluate_sync(
+        broken, [counter_task("a"), counter_task("b")], env_factory=CounterEnv, progress=False
+    )
+    assert [t.error for t in trajs] == ["policy: RuntimeError: no checkpoint"] * 2
+    assert summarize(trajs)["failures/policy_error"] == 2
