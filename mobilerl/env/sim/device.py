@@ -100,6 +100,10 @@ class App:
         self.stack.append(PageState(name, args=args))
 
     def pop(self) -> None:
+        """Back within the app: leave a multi-select mode (``page.args["sel"]``) first, then the page."""
+        if self.page.args.get("sel"):
+            self.page.args["sel"] = []
+            return
         if len(self.stack) > 1:
             self.stack.pop()
         else:
@@ -130,6 +134,23 @@ class App:
             items = list(items)
             random.Random(stable_seed(self.device.seed, self.name, "shuffle")).shuffle(items)
         return items
+
+
+class SelectionMixin:
+    """For apps whose first page has an app-level multi-select mode (``self.selected``): Back leaves the
+    mode before leaving the page, and a relaunch starts with nothing selected. Put it before ``App``."""
+
+    selected: set
+
+    def restart(self) -> None:
+        super().restart()  # type: ignore[misc]
+        self.selected.clear()
+
+    def pop(self) -> None:
+        if self.page.name == self.root_page and self.selected:  # type: ignore[attr-defined]
+            self.selected.clear()
+            return
+        super().pop()  # type: ignore[misc]
 
 
 _POPUPS = (

@@ -211,6 +211,30 @@ def _h(w: object) -> int:
     raise TypeError(f"unknown widget {type(w).__name__}")
 
 
+def widget_height(w: object) -> int:
+    """Laid-out height of a widget spec, in pixels."""
+    return _h(w)
+
+
+def virtualize(widgets: list, scroll: int, margin: int = 600, view: int = SCREEN_H) -> list:
+    """Keep the widgets near the viewport, as a RecyclerView attaches only the rows it shows; the rows
+    above and below become one spacer each, so the scroll range is unchanged and rows just off screen
+    are still in the dump. Long lists use it to keep the simulator fast."""
+    out: list = []
+    y = before = after = 0
+    lo, hi = scroll - margin, scroll + view + margin
+    for w in widgets:
+        h = _h(w)
+        if y + h < lo:
+            before += h
+        elif y > hi:
+            after += h
+        else:
+            out.append(w)
+        y += h
+    return ([Spacer(before)] if before else []) + out + ([Spacer(after)] if after else [])
+
+
 class Layout:
     """Builds nodes for one page; knows the package and the page's focus/fields for EditTexts."""
 

@@ -22,12 +22,11 @@ from mobilerl.env.sim.ui import (
     IconButton,
     Page,
     Row,
-    Spacer,
     Stepper,
     Switch,
     Text,
+    virtualize,
 )
-from mobilerl.env.sim.ui import _h as ui_height
 
 TITLES = ("Team meeting", "Dentist appointment", "Yoga class", "Project review", "Book club", "Piano lesson",
           "Grocery shopping", "Parent-teacher conference", "Haircut", "Car service", "Budget planning",
@@ -49,22 +48,6 @@ REMINDERS = ("No reminder", "At start", "5 minutes before", "10 minutes before",
 WEEKDAY_HEADER = "Sun   Mon   Tue   Wed   Thu   Fri   Sat"
 
 
-def virtualize(widgets: list, scroll: int, margin: int = 600, view: int = 2400) -> list:
-    """Keep only the widgets near the viewport, as a RecyclerView attaches only the rows it shows; the
-    rows above and below become one spacer each, so the scroll range is unchanged."""
-    out: list = []
-    y = before = after = 0
-    lo, hi = scroll - margin, scroll + view + margin
-    for w in widgets:
-        h = ui_height(w)
-        if y + h < lo:
-            before += h
-        elif y > hi:
-            after += h
-        else:
-            out.append(w)
-        y += h
-    return ([Spacer(before)] if before else []) + out + ([Spacer(after)] if after else [])
 
 
 def fmt_hm(t: datetime) -> str:

@@ -129,12 +129,6 @@ class ProExpense(App):
         return sum(e.cents for e in self.expenses if e.day.year == year and e.day.month == month
                    and (category is None or e.category == category))
 
-    def pop(self) -> None:
-        st = self.page
-        if st.name == "main" and st.args.get("sel"):
-            st.args["sel"] = []
-            return
-        super().pop()
 
     # -- pages
     def page_main(self, st: PageState) -> Page:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mobilerl.env.sim import content
-from mobilerl.env.sim.device import App, PageState
+from mobilerl.env.sim.device import App, PageState, SelectionMixin
 from mobilerl.env.sim.ui import Button, Buttons, Dialog, Field, IconButton, Page, Row, Text
 
 STORAGE = "Internal storage"
@@ -117,7 +117,7 @@ def seed_files(rng: random.Random, now: datetime) -> list[FileItem]:
     return out
 
 
-class Files(App):
+class Files(SelectionMixin, App):
     name = "Files"
     package = "com.google.android.documentsui"
     color = (26, 115, 232)
@@ -151,16 +151,6 @@ class Files(App):
         return f
 
     # -- navigation
-    def restart(self) -> None:
-        super().restart()
-        self.selected.clear()
-
-    def pop(self) -> None:
-        if self.page.name == "main" and self.selected:
-            self.selected.clear()
-            return
-        super().pop()
-
     def _go(self, folder: str) -> None:
         """Jump to ``folder`` (breadcrumb): the back stack becomes the chain of its parents."""
         self.selected.clear()

@@ -158,12 +158,6 @@ class Gallery(App):
             names.append("Favorites")
         return names
 
-    def pop(self) -> None:
-        st = self.page
-        if st.args.get("sel"):
-            st.args["sel"] = []
-            return
-        super().pop()
 
     def on_swipe(self, direction: str) -> bool:
         st = self.page

@@ -127,12 +127,6 @@ class RetroMusic(App):
         if self.now is not None:
             self.playing = not self.playing
 
-    def pop(self) -> None:
-        st = self.page
-        if st.args.get("sel"):
-            st.args["sel"] = []
-            return
-        super().pop()
 
     # -- shared widgets
     def _song_rows(self, st: PageState, songs: list[Song], playlist: Playlist | None = None,

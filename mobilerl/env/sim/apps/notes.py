@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mobilerl.env.sim import content
-from mobilerl.env.sim.device import App, PageState
+from mobilerl.env.sim.device import App, PageState, SelectionMixin
 from mobilerl.env.sim.ui import Button, Dialog, Field, IconButton, Page, Row, Text
 
 
@@ -118,7 +118,7 @@ def seed_notes(rng: random.Random, now: datetime) -> tuple[list[Note], set[str]]
     return notes, folders
 
 
-class Markor(App):
+class Markor(SelectionMixin, App):
     name = "Markor"
     package = "net.gsantner.markor"
     color = (55, 71, 79)
@@ -150,16 +150,6 @@ class Markor(App):
         return n
 
     # -- navigation
-    def restart(self) -> None:
-        super().restart()
-        self.selected.clear()
-
-    def pop(self) -> None:
-        if self.page.name == "main" and self.selected:
-            self.selected.clear()
-            return
-        super().pop()
-
     def _enter(self, folder: str) -> None:
         self.selected.clear()
         self.push("main", folder=folder)

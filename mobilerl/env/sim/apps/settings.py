@@ -26,8 +26,8 @@ from mobilerl.env.sim.ui import (
     Stepper,
     Switch,
     Text,
+    virtualize,
 )
-from mobilerl.env.sim.ui import _h as ui_height
 
 THIRD_PARTY = (
     ("Airbnb", "com.airbnb.android"), ("Audible", "com.audible.application"), ("Booking.com", "com.booking"),
@@ -66,22 +66,6 @@ VOLUMES = (("media", "Media volume"), ("call", "Call volume"), ("ring", "Ring & 
            ("alarm", "Alarm volume"))
 
 
-def virtualize(widgets: list, scroll: int, margin: int = 600, view: int = 2400) -> list:
-    """Keep only the widgets near the viewport, as a RecyclerView attaches only the rows it shows; the
-    rows above and below become one spacer each, so the scroll range is unchanged."""
-    out: list = []
-    y = before = after = 0
-    lo, hi = scroll - margin, scroll + view + margin
-    for w in widgets:
-        h = ui_height(w)
-        if y + h < lo:
-            before += h
-        elif y > hi:
-            after += h
-        else:
-            out.append(w)
-        y += h
-    return ([Spacer(before)] if before else []) + out + ([Spacer(after)] if after else [])
 
 
 @dataclass

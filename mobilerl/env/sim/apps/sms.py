@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from mobilerl.env.sim import content
-from mobilerl.env.sim.device import App, PageState
+from mobilerl.env.sim.device import App, PageState, SelectionMixin
 from mobilerl.env.sim.ui import Button, Dialog, Field, IconButton, Page, Row, Text
 
 BOTTOM = 10**7  # a scroll offset past the end: the page clamps it to the last screenful
@@ -170,7 +170,7 @@ def _stranger(rng: random.Random) -> list[tuple[bool, str]]:
                    f"Email is {p.email} for the schedule")]
 
 
-class SmsMessenger(App):
+class SmsMessenger(SelectionMixin, App):
     name = "SMS Messenger"
     package = "com.simplemobiletools.smsmessenger"
     color = (0, 137, 123)
@@ -294,16 +294,6 @@ class SmsMessenger(App):
         return None
 
     # -------------------------------------------------------------------------------- navigation
-    def restart(self) -> None:
-        super().restart()
-        self.selected.clear()
-
-    def pop(self) -> None:
-        if self.page.name == "main" and self.selected:
-            self.selected.clear()
-            return
-        super().pop()
-
     @staticmethod
     def _when(t: datetime, now: datetime) -> str:
         return t.strftime("%H:%M") if t.date() == now.date() else t.strftime("%b %-d")
