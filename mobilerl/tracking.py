@@ -1,0 +1,149 @@
+"""MLflow in one place: where runs go, the pipeline's parent run, one nested run per stage, registry.
+
+Default: a local SQLite store and artifact folder under ``mlruns/`` (offline, nothing to start). Set
+``MLFLOW_TRACKING_URI`` to use a server instead. A pipeline run (the Prefect flow) opens a parent run and
+passes its id to stage processes in ``MOBILERL_PARENT_RUN_ID``; each stage then logs into a nested run
+tagged with the git SHA, the stage's DVC lock hash and the Prefect flow-run id. A stage run on its own
+(``dvc repro``, ``python -m stages.x``) gets a top-level run with the same tags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = "mobilerl"
+PARENT_ENV = "MOBILERL_PARENT_RUN_ID"
+FLOW_RUN_ENV = "MOBILERL_PREFECT_FLOW_RUN_ID"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
+
+
+def setup() -> str:
+    """Point MLflow at the project's store and make sure the experiment exists; returns its id."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        (ROOT / "mlruns").mkdir(exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        artifacts = (ROOT / "mlruns" / "artifacts").as_uri() if uri.startswith("sqlite:") else None
+        return mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
+    return exp.experiment_id
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def dvc_lock_hash(stage: str) -> str:
+    """A short hash of the stage's entry in dvc.lock (what DVC recorded for its deps/params/outs)."""
+    lock = ROOT / "dvc.lock"
+    if not lock.exists():
+        return "none"
+    import yaml
+
+    entry = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage)
+    if entry is None:
+        return "none"
+    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def common_tags(stage: str | None = None) -> dict[str, str]:
+    tags = {"mobilerl.git_sha": git_sha(), "mobilerl.prefect_flow_run_id": os.environ.get(FLOW_RUN_ENV, "")}
+    if stage:
+        tags["mobilerl.stage"] = stage
+        tags["mobilerl.dvc_lock_hash"] = dvc_lock_hash(stage)
+    return tags
+
+
+@contextmanager
+def stage_run(stage: str, params: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """A (nested, when a pipeline run is open) MLflow run for one stage; yields the active run."""
+    import mlflow
+
+    experiment_id = setup()
+    parent = os.environ.get(PARENT_ENV) or None
+    with mlflow.start_run(experiment_id=experiment_id, run_name=stage, nested=parent is not None,
+                          parent_run_id=parent, tags=common_tags(stage)) as run:
+        if params:
+            flat = {k: (json.dumps(v) if isinstance(v, list | tuple) else v) for k, v in flatten(params).items()}
+            mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+        yield run
+
+
+@contextmanager
+def pipeline_run(name: str, params: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """The parent run of one pipeline execution; sets ``MOBILERL_PARENT_RUN_ID`` for stage processes."""
+    import mlflow
+
+    experiment_id = setup()
+    with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=common_tags()) as run:
+        if params:
+            mlflow.log_params({k: str(v)[:6000] for k, v in flatten(params).items()})
+        old = os.environ.get(PARENT_ENV)
+        os.environ[PARENT_ENV] = run.info.run_id
+        try:
+            yield run
+        finally:
+            if old is None:
+                os.environ.pop(PARENT_ENV, None)
+            else:
+                os.environ[PARENT_ENV] = old
+
+
+def metric_key(key: str) -> str:
+    """MLflow accepts letters, digits, ``_ - . / `` and spaces in metric names: ``pass@4`` → ``pass_at_4``."""
+    key = key.replace(".", "/").replace("@", "_at_")
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key)
+
+
+def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
+    """Log the numeric leaves of a (nested) mapping; keys are namespaced with '/'."""
+    import mlflow
+
+    flat = {metric_key(k): float(v) for k, v in flatten(metrics).items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and v == v}
+    if flat:
+        mlflow.log_metrics(flat, step=step)
+
+
+def register_model(model_dir: Path, name: str, alias: str) -> str:
+    """Log ``model_dir`` as the active run's artifact, register it as ``name`` and point ``alias`` at it."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.log_artifacts(str(model_dir), artifact_path="model")
+    run = mlflow.active_run()
+    assert run is not None, "register_model needs an active run"
+    version = mlflow.register_model(f"runs:/{run.info.run_id}/model", name)
+    MlflowClient().set_registered_model_alias(name, alias, version.version)
+    return version.version

@@ -1,0 +1,57 @@
+"""What every stage shares: its params section as a validated config, paths, JSON output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "params.yaml"
+
+C = TypeVar("C", bound=BaseModel)
+
+
+class StageConfig(BaseModel):
+    """Base of the stage configs: unknown keys are errors (a typo must not silently use a default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParamsError(ValueError):
+    """params.yaml is missing a section or has a bad key; the message names the key."""
+
+
+def load_params(section: str, model: type[C], path: Path = PARAMS) -> C:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ParamsError(f"{path} not found") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: malformed YAML: {e}") from None
+    if section not in data:
+        raise ParamsError(f"{path}: no '{section}:' section")
+    try:
+        return model.model_validate(data[section] or {})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise ParamsError(f"{path}: {problems}") from None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} not found: run the stage that produces it (dvc repro)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
