@@ -15,8 +15,15 @@ export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export HF_HOME := $(CURDIR)/.cache/hf
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export MPLCONFIGDIR := $(CURDIR)/.cache/matplotlib
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_MEMO_STORE_PATH := $(CURDIR)/.cache/prefect/memo_store.toml
+# stage commands in dvc.yaml say `python`: the project's interpreter
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+PREFECT_PORT ?= 4200
+MLFLOW_PORT ?= 5000
+PREFECT_DB := sqlite+aiosqlite:///$(CURDIR)/.cache/prefect/server.db
 
-.PHONY: setup system-deps test run lint bench clean
+.PHONY: setup system-deps test run serve ui lint bench clean
 
 # torch first (the local CPU build, pinned), then everything else in one resolver call under the
 # same constraints; deepspeed builds no ops and needs torch at build time (no build isolation).
@@ -42,9 +49,27 @@ test: setup
 lint: setup
 	$(BIN)/ruff check mobilerl tests scripts
 
+# The main job: flow `mobilerl` (deployment `full`'s parameters) in this process, on the embedded default.
 run: setup
-	$(BIN)/mobilerl env check-oracle --suite world --split test
-	$(BIN)/mobilerl env check-oracle --suite lab --split test
+	@mkdir -p .cache/prefect
+	PREFECT_HOME=$(CURDIR)/.cache/prefect $(BIN)/python -m pipelines.run --profile tiny
+
+# A local Prefect server (SQLite, 127.0.0.1) serving deployments mobilerl/full and mobilerl/smoke; the
+# default Prefect profile is pointed at it so that `prefect deployment run mobilerl/full` works as typed.
+serve: setup
+	@mkdir -p .cache/prefect
+	env -u PREFECT_HOME $(BIN)/prefect config set PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api >/dev/null
+	@PREFECT_API_DATABASE_CONNECTION_URL=$(PREFECT_DB) $(BIN)/prefect server start --host 127.0.0.1 \
+	  --port $(PREFECT_PORT) > .cache/prefect/server.log 2>&1 & pid=$$!; \
+	trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
+	for i in $$(seq 90); do $(BIN)/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$(PREFECT_PORT)/api/health', timeout=1)" 2>/dev/null && break; sleep 1; done; \
+	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)  — in another shell: source .venv/bin/activate && prefect deployment run mobilerl/full"; \
+	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/python -m pipelines.serve
+
+# The MLflow UI over the project's local tracking store.
+ui: setup
+	$(BIN)/mlflow ui --host 127.0.0.1 --port $(MLFLOW_PORT) --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
+	  --default-artifact-root $(CURDIR)/mlruns/artifacts
 
 bench: setup
 	$(BIN)/python scripts/bench_env.py

@@ -1,0 +1,1 @@
+"""Prefect flows and deployments (flow ``mobilerl``; deployments ``full`` and ``smoke``)."""

@@ -1,0 +1,174 @@
+"""The Prefect flow ``mobilerl``: run dvc.yaml's stages in DVC's own order, with retries and a summary.
+
+DVC owns the DAG and the caching: the flow asks DVC for the stage graph, sorts it topologically and
+runs each stage as a Prefect task (``dvc repro --single-item <stage>``), so an up-to-date stage is
+skipped by DVC itself. The flow opens the MLflow parent run; stage processes log nested runs under it
+(``MOBILERL_PARENT_RUN_ID``) tagged with the Prefect flow-run id.
+
+Parameters choose a profile (``configs/profiles/<name>.yaml``: params.yaml overrides) and extra
+``overrides`` (``{"evaluate.n_trials": 8}``). A run with ``isolated=True`` (the ``smoke`` deployment)
+works in a temporary copy of the repository, so its overrides never touch the workspace; otherwise the
+overrides are written into ``params.yaml`` (as ``dvc exp run --set-param`` does), so ``dvc.lock``
+records exactly what ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ROOT / "configs" / "profiles"
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+}
+
+
+def stage_order(repo_dir: Path = ROOT, targets: list[str] | None = None) -> list[str]:
+    """dvc.yaml's stages in an order DVC would run them (dependencies first, file order on ties)."""
+    import networkx as nx
+    from dvc.repo import Repo
+
+    with Repo(str(repo_dir)) as repo:
+        stages = [s for s in repo.index.stages if getattr(s, "cmd", None)]
+        position = {s.addressing: i for i, s in enumerate(stages)}
+        graph = repo.index.graph  # edge: stage -> a stage it depends on
+        order = [s.addressing for s in nx.lexicographical_topological_sort(
+            graph.reverse(copy=True), key=lambda s: f"{position.get(s.addressing, 10**6):06d}")
+            if s.addressing in position]
+        if targets:
+            wanted: set[str] = set()
+            by_name = {s.addressing: s for s in stages}
+            for t in targets:
+                if t not in by_name:
+                    raise ValueError(f"unknown stage {t!r}; dvc.yaml has {', '.join(order)}")
+                wanted.add(t)
+                wanted.update(d.addressing for d in nx.descendants(graph, by_name[t]))
+            order = [s for s in order if s in wanted]
+    return order
+
+
+def load_overrides(profile: str, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The profile's overrides (flattened ``section.key`` form) updated by explicit ``overrides``."""
+    import yaml
+
+    merged: dict[str, Any] = {}
+    if profile != "tiny":
+        path = PROFILES / f"{profile}.yaml"
+        if not path.exists():
+            known = ["tiny"] + sorted(p.stem for p in PROFILES.glob("*.yaml"))
+            raise ValueError(f"unknown profile {profile!r}; known: {', '.join(known)}")
+        from mobilerl.tracking import flatten
+
+        merged.update(flatten(yaml.safe_load(path.read_text()) or {}))
+    merged.update(overrides or {})
+    return merged
+
+
+def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> None:
+    """Write ``section.key: value`` overrides into params.yaml, keeping its comments (ruamel)."""
+    if not overrides:
+        return
+    from ruamel.yaml import YAML
+
+    y = YAML()
+    data = y.load(params_path.read_text())
+    for dotted, value in overrides.items():
+        *path, last = dotted.split(".")
+        node = data
+        for key in path:
+            if key not in node:
+                raise KeyError(f"override {dotted!r}: params.yaml has no section {key!r}")
+            node = node[key]
+        if last not in node:
+            raise KeyError(f"override {dotted!r}: params.yaml has no key {last!r} in {'.'.join(path)}")
+        node[last] = value
+    with params_path.open("w") as f:
+        y.dump(data, f)
+
+
+def isolated_copy() -> Path:
+    """The tracked files of the repository (plus the .dvc folder) in a temporary directory."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.splitlines()
+    dest = Path(tempfile.mkdtemp(prefix="mobilerl-run-"))
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    shutil.copytree(ROOT / ".dvc", dest / ".dvc", dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp", "cache"))
+    subprocess.run([sys.executable, "-m", "dvc", "config", "--local", "core.no_scm", "true"], cwd=dest,
+                   check=True, capture_output=True)
+    return dest
+
+
+@task(retries=1, retry_delay_seconds=5, task_run_name="stage-{stage}")
+def run_stage(stage: str, workdir: str, env: dict[str, str]) -> dict[str, Any]:
+    """``dvc repro --single-item <stage>``: DVC decides whether the stage is stale and runs it."""
+    log = get_run_logger()
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", stage], cwd=workdir, env=env,
+                          capture_output=True, text=True)
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.strip() and "Warning" not in line:
+            log.info("%s | %s", stage, line)
+    if proc.returncode != 0:
+        raise RuntimeError(f"stage {stage!r} failed (exit {proc.returncode}); see the log above")
+    skipped = "didn't change, skipping" in proc.stdout
+    return {"stage": stage, "status": "up to date" if skipped else "ran", "seconds": time.perf_counter() - t0}
+
+
+@flow(name="mobilerl", log_prints=True)
+def mobilerl(profile: str = "tiny", overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+             isolated: bool = False, keep_workdir: bool = False) -> dict[str, Any]:
+    """Run the MobileRL pipeline (all of dvc.yaml, or ``stages`` and what they depend on)."""
+    from prefect.runtime import flow_run
+
+    from mobilerl import tracking
+
+    log = get_run_logger()
+    merged = load_overrides(profile, overrides)
+    workdir = isolated_copy() if isolated else ROOT
+    apply_overrides(workdir / "params.yaml", merged)
+    order = stage_order(workdir, stages)
+    log.info("profile %s, %d stage(s) in DVC order: %s", profile, len(order), " → ".join(order))
+    env = {**os.environ, **OFFLINE_ENV,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "MLFLOW_TRACKING_URI": tracking.tracking_uri(),
+           tracking.FLOW_RUN_ENV: str(flow_run.get_id() or "")}
+    results = []
+    with tracking.pipeline_run(f"pipeline/{profile}", {"profile": profile, **merged}) as run:
+        env[tracking.PARENT_ENV] = run.info.run_id
+        for stage in order:
+            results.append(run_stage(stage, str(workdir), env))
+    report = workdir / "reports" / "report.md"
+    summary = {"profile": profile, "workdir": str(workdir), "mlflow_parent_run_id": run.info.run_id,
+               "stages": results, "report": str(report) if report.exists() else None,
+               "mlflow_ui": "make ui  (http://127.0.0.1:5000)"}
+    for r in results:
+        log.info("%-22s %-11s %7.1fs", r["stage"], r["status"], r["seconds"])
+    log.info("report: %s", summary["report"])
+    log.info("MLflow: parent run %s; browse with %s", run.info.run_id, summary["mlflow_ui"])
+    if isolated and not keep_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+        summary["workdir"] = None
+    return summary
+
+
+if __name__ == "__main__":
+    mobilerl(profile=sys.argv[1] if len(sys.argv) > 1 else "tiny")
