@@ -101,6 +101,19 @@ def stage_run(stage: str, params: Mapping[str, Any] | None = None) -> Iterator[A
 
 
 @contextmanager
+def child_run(name: str, stage: str, **tags: str) -> Iterator[Any]:
+    """A run nested in the active stage run (same experiment), e.g. one per policy × benchmark."""
+    import mlflow
+
+    active = mlflow.active_run()
+    if active is None:
+        raise RuntimeError("child_run needs an active stage run")
+    with mlflow.start_run(experiment_id=active.info.experiment_id, run_name=name, nested=True,
+                          tags={**common_tags(stage), **{f"mobilerl.{k}": v for k, v in tags.items()}}) as run:
+        yield run
+
+
+@contextmanager
 def pipeline_run(name: str, params: Mapping[str, Any] | None = None) -> Iterator[Any]:
     """The parent run of one pipeline execution; sets ``MOBILERL_PARENT_RUN_ID`` for stage processes."""
     import mlflow

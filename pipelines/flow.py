@@ -45,19 +45,19 @@ def stage_order(repo_dir: Path = ROOT, targets: list[str] | None = None) -> list
 
     with Repo(str(repo_dir)) as repo:
         stages = [s for s in repo.index.stages if getattr(s, "cmd", None)]
-        position = {s.addressing: i for i, s in enumerate(stages)}
+        position = {s.name: i for i, s in enumerate(stages)}
         graph = repo.index.graph  # edge: stage -> a stage it depends on
-        order = [s.addressing for s in nx.lexicographical_topological_sort(
-            graph.reverse(copy=True), key=lambda s: f"{position.get(s.addressing, 10**6):06d}")
-            if s.addressing in position]
+        order = [s.name for s in nx.lexicographical_topological_sort(
+            graph.reverse(copy=True), key=lambda s: f"{position.get(s.name, 10**6):06d}")
+            if s.name in position]
         if targets:
             wanted: set[str] = set()
-            by_name = {s.addressing: s for s in stages}
+            by_name = {s.name: s for s in stages}
             for t in targets:
                 if t not in by_name:
                     raise ValueError(f"unknown stage {t!r}; dvc.yaml has {', '.join(order)}")
                 wanted.add(t)
-                wanted.update(d.addressing for d in nx.descendants(graph, by_name[t]))
+                wanted.update(d.name for d in nx.descendants(graph, by_name[t]))
             order = [s for s in order if s in wanted]
     return order
 

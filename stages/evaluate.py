@@ -61,8 +61,6 @@ def make_policy_factory(name: str, temperature: float):
 
 
 def main() -> None:
-    import mlflow
-
     from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
 
     cfg = load_params("evaluate", EvaluateConfig)
@@ -74,9 +72,7 @@ def main() -> None:
             tasks = load_tasks(suite, cfg.split, cfg.max_per_template)
             texts = sim_template_texts(tasks)
             for name, factory in factories.items():
-                with mlflow.start_run(run_name=f"{name}/{suite}", nested=True,
-                                      tags={**tracking.common_tags("evaluate"), "mobilerl.policy": name,
-                                            "mobilerl.suite": suite}) as run:
+                with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
                     t0 = time.perf_counter()
                     trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=cfg.concurrency,
                                           perturb=cfg.perturb, base_seed=cfg.seed, progress=False,

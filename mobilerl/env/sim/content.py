@@ -3,12 +3,48 @@
 Values look like real personal data on purpose (valid phone-number ranges in several regions, real
 e-mail shapes, street addresses), so the privacy masking downstream has real work to do. All of it is
 generated from the seed; none of it belongs to anyone.
+
+Canaries: every value generated here (and by the apps' own generators that call :func:`plant`) is also
+recorded, with its category, into the recorders opened by :func:`recording` on the current thread. The
+simulator uses that to tell a data collector, in memory, exactly which raw personal values a device holds
+(``Device.canaries()``), so that a privacy audit can look for them in stored data.
 """
 
 from __future__ import annotations
 
+import contextvars
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+# Categories of planted values (the privacy masker's category names; names and postal addresses are not
+# found by its detectors, only as known values).
+NAME, PHONE, EMAIL, ADDRESS = "PERSON_NAME", "PHONE", "EMAIL", "ADDRESS"
+ORDER, TRACKING = "ORDER_NUMBER", "TRACKING_NUMBER"
+
+_RECORDERS: contextvars.ContextVar[tuple[dict[str, str], ...]] = contextvars.ContextVar(
+    "mobilerl_sim_planted", default=()
+)
+
+
+@contextmanager
+def recording(into: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """Record every value :func:`plant` ed inside the block as ``value -> category`` into ``into`` (a new
+    dict if None), which is yielded. Recorders nest: a value goes to every open recorder."""
+    rec: dict[str, str] = {} if into is None else into
+    token = _RECORDERS.set((*_RECORDERS.get(), rec))
+    try:
+        yield rec
+    finally:
+        _RECORDERS.reset(token)
+
+
+def plant(value: str, category: str) -> str:
+    """Note ``value`` as planted personal data of ``category`` in the open recorders; returns ``value``."""
+    for rec in _RECORDERS.get():
+        rec.setdefault(value, category)
+    return value
 
 FIRST = [
     "Emma", "Liam", "Olivia", "Noah", "Ava", "Elijah", "Sophia", "Mateo", "Isabella", "Lucas", "Mia", "Amir",
@@ -75,19 +111,19 @@ def phone(rng: random.Random) -> str:
         lo, hi = digits[key]
         return str(rng.randrange(lo, hi)).zfill(len(str(hi - 1)))
 
-    return re.sub(r"\{(\w+)\}", fill, fmt)
+    return plant(re.sub(r"\{(\w+)\}", fill, fmt), PHONE)
 
 
 def email(rng: random.Random, first: str, last: str) -> str:
     f = _ascii(first).lower()
     l = _ascii(last).lower().replace("'", "")  # noqa: E741
     user = rng.choice([f"{f}.{l}", f"{f}{l[:1]}", f"{f[:1]}{l}{rng.randrange(10, 99)}", f"{f}_{l}"])
-    return f"{user}@{rng.choice(EMAIL_DOMAINS)}"
+    return plant(f"{user}@{rng.choice(EMAIL_DOMAINS)}", EMAIL)
 
 
 def address(rng: random.Random) -> str:
     city, code = rng.choice(CITIES)
-    return f"{rng.randrange(1, 2400)} {rng.choice(STREETS)}, {city} {code}"
+    return plant(f"{rng.randrange(1, 2400)} {rng.choice(STREETS)}, {city} {code}", ADDRESS)
 
 
 def _ascii(s: str) -> str:
@@ -102,7 +138,7 @@ def people(rng: random.Random, n: int) -> list[Person]:
         first, last = rng.choice(FIRST), rng.choice(LAST)
         if f"{first} {last}" in seen:
             continue
-        seen.add(f"{first} {last}")
+        seen.add(plant(f"{first} {last}", NAME))
         out.append(Person(first, last, phone(rng), email(rng, first, last), address(rng), rng.choice(COMPANIES)))
     return out
 

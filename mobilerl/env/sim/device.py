@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from mobilerl.env import actions as A
-from mobilerl.env.sim import ui
+from mobilerl.env.sim import content, ui
 from mobilerl.env.sim.ui import Button, Dialog, IconButton, Node, Page
 
 LAUNCHER_PKG = "com.google.android.apps.nexuslauncher"
@@ -81,7 +81,19 @@ class App:
         self.device = device
         self.rng = rng
         self.stack: list[PageState] = [PageState(self.root_page)]
-        self.setup()
+        self.planted: dict[str, str] = {}  # raw personal values of this app: value -> category
+        with content.recording(self.planted):
+            self.setup()
+
+    def canaries(self, materialize: bool = False) -> dict[str, str]:
+        """The raw personal values this app holds so far (``value -> category``), for privacy audits.
+
+        The default returns what :mod:`~mobilerl.env.sim.content` generated during :meth:`setup` (and any
+        later block recording into ``self.planted``). Override to add values generated otherwise; apps
+        that draw content lazily generate it first when ``materialize`` is true (only on a throwaway
+        device: it can change what the episode would have drawn later).
+        """
+        return dict(self.planted)
 
     # -- to override
     def setup(self) -> None:
@@ -187,7 +199,25 @@ class Device:
         self.answer: str | None = None
         self.steps = 0
         self.log: list[str] = []  # app-level events, for verifiers ("sms_sent:…", "call:…")
+        self.planted: dict[str, str] = {}  # personal values planted by task setup (value -> category)
         self._tree: Node | None = None
+
+    # ------------------------------------------------------------------------------------ canaries
+    def canary_categories(self, materialize: bool = False) -> dict[str, str]:
+        """Every raw personal value planted in this device so far, ``value -> category`` (see
+        :meth:`App.canaries`). In memory only: a collector hands these to the privacy audit."""
+        out: dict[str, str] = {}
+        for app in self.apps.values():
+            for value, cat in app.canaries(materialize).items():
+                out.setdefault(value, cat)
+        for value, cat in self.planted.items():
+            out.setdefault(value, cat)
+        return out
+
+    def canaries(self, materialize: bool = False) -> set[str]:
+        """The raw personal values (names, phone numbers, e-mails, addresses, order and tracking numbers)
+        planted in this device so far."""
+        return set(self.canary_categories(materialize))
 
     # ------------------------------------------------------------------------------------ app access
     def app(self, name: str) -> App:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action
 from mobilerl.env.base import EnvError, Observation, StepResult, TaskSpec
+from mobilerl.env.sim import content
 from mobilerl.env.sim.device import Device, Perturb
 from mobilerl.env.sim.screen import Screen
 from mobilerl.env.sim.tasks.base import OracleAgent, Template
@@ -30,6 +31,7 @@ class SimEnv:
         self.tmpl: Template | None = None
         self._xml = ""
         self.done = False
+        self._param_canaries: dict[str, str] | None = None
 
     # -------------------------------------------------------------------------------- Env protocol
     def reset(self, task: TaskSpec | str) -> Observation:
@@ -37,8 +39,10 @@ class SimEnv:
         self.task = spec
         self.tmpl = template(spec.suite, spec.template)
         self.device = Device(seed=spec.seed, perturb=self.perturb)
-        self.tmpl.setup(self.device, spec.params)
+        with content.recording(self.device.planted):
+            self.tmpl.setup(self.device, spec.params)
         self.done = False
+        self._param_canaries = None
         return self._observe()
 
     def step(self, action: Action) -> StepResult:
@@ -76,6 +80,23 @@ class SimEnv:
         if not self.task.has_verifier:
             return []
         return [bool(fn(dev)) for _, fn in self.tmpl.subgoals(self.task.params)]
+
+    def canary_categories(self, materialize: bool = False) -> dict[str, str]:
+        """``value -> category`` of every raw personal value of this episode so far: the device's content
+        (:meth:`Device.canaries`) and the task's parameters (:func:`param_canaries`). In memory only."""
+        from mobilerl.env.sim.tasks.registry import param_canaries
+
+        dev = self._dev()
+        assert self.task is not None
+        if self._param_canaries is None:
+            self._param_canaries = param_canaries(self.task)
+        out = dict(self._param_canaries)
+        out.update(dev.canary_categories(materialize))
+        return out
+
+    def canaries(self, materialize: bool = False) -> set[str]:
+        """The raw personal values planted in this episode so far (see :meth:`canary_categories`)."""
+        return set(self.canary_categories(materialize))
 
     def screen(self) -> Screen:
         return Screen(self._xml, self._dev().current_name)

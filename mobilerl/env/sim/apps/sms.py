@@ -72,10 +72,12 @@ ERRANDS = ("oat milk and eggs", "a loaf of sourdough", "batteries for the smoke 
 def order_number(rng: random.Random) -> str:
     kind = rng.randrange(3)
     if kind == 0:
-        return f"{rng.randrange(100, 1000)}-{rng.randrange(10**6, 10**7)}-{rng.randrange(10**6, 10**7)}"
-    if kind == 1:
-        return f"W{rng.randrange(10**8, 10**9)}"
-    return f"{rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ')}{rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ')}-{rng.randrange(10**5, 10**6)}"
+        num = f"{rng.randrange(100, 1000)}-{rng.randrange(10**6, 10**7)}-{rng.randrange(10**6, 10**7)}"
+    elif kind == 1:
+        num = f"W{rng.randrange(10**8, 10**9)}"
+    else:
+        num = f"{rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ')}{rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ')}-{rng.randrange(10**5, 10**6)}"
+    return content.plant(num, content.ORDER)
 
 
 def tracking_number(rng: random.Random, carrier: str | None = None) -> tuple[str, str]:
@@ -89,7 +91,7 @@ def tracking_number(rng: random.Random, carrier: str | None = None) -> tuple[str
         num = "".join(str(rng.randrange(10)) for _ in range(12))
     else:
         num = "".join(str(rng.randrange(10)) for _ in range(10))
-    return carrier, num
+    return carrier, content.plant(num, content.TRACKING)
 
 
 def short_code(rng: random.Random) -> str:
@@ -188,8 +190,14 @@ class SmsMessenger(SelectionMixin, App):
     @property
     def threads(self) -> list[Thread]:
         if self._threads is None:
-            self._threads = self._seed_threads()
+            with content.recording(self.planted):  # drawn lazily: record the canaries when they appear
+                self._threads = self._seed_threads()
         return self._threads
+
+    def canaries(self, materialize: bool = False) -> dict[str, str]:
+        if materialize:
+            _ = self.threads
+        return super().canaries(materialize)
 
     def _contact_list(self) -> list:
         c = self.device.apps.get("Contacts")

@@ -68,6 +68,18 @@ def _draw(t: Template, seed: int) -> tuple[dict, str]:
     return params, t.instruction(params)
 
 
+def param_canaries(task: TaskSpec) -> dict[str, str]:
+    """The raw personal values (``value -> category``) drawn for ``task`` 's parameters — the ones its
+    instruction and expected inputs hold — re-derived from the task seed, in memory."""
+    from mobilerl.env.sim import content
+
+    t = template(task.suite, task.template)
+    with content.recording() as rec:
+        dev = Device(seed=task.seed, perturb=Perturb())
+        t.sample(random.Random(stable_seed(task.seed, "params")), dev)
+    return rec
+
+
 @lru_cache(maxsize=256)
 def _test_instructions(suite: str, name: str) -> frozenset[str]:
     t = template(suite, name)

@@ -1,0 +1,372 @@
+"""Screen-reading pretraining of the tiny base model (the ``pretrain`` stage's compute).
+
+One run: collect train-split screens → train the tokenizer on them → build the tiny Qwen2-VL model →
+train on dense multi-question sequences (:mod:`mobilerl.models.pretrain_data`) with AdamW, linear
+warm-up and cosine decay → probe on held-out test-split screens (:mod:`mobilerl.models.probe`) → save
+in HF format. A run checkpoints itself (``<work>/last.pt``: weights, optimizer, step, tokenizer) every
+``save_every_minutes`` and resumes from there when started again with the same ``work`` folder, so a long
+run can span sessions.
+
+Loss: weighted token cross-entropy, ``sum(w_t · CE_t) / sum(w_t)`` with ``w = 1`` on answer tokens and
+``data.lm_weight`` on the other text tokens. Logits are only computed where ``w > 0``.
+
+Curves (one JSON object per line in ``<work>/curve.jsonl``): ``train`` rows (loss, answer-token
+accuracy, tokens/s, learning rate, screen window) every ``log_every`` steps and ``probe`` rows (held-out
+exact-answer accuracy per question kind, teacher-forced) every ``probe_every`` steps, both with the
+step, wall-clock minutes and tokens seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mobilerl.models.pretrain_data import DataConfig, Encoded, ScreenState, encode, stream_examples
+from mobilerl.models.tiny import TinyShape
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings of the tiny profile (``configs/tiny.yaml`` → ``train:``)."""
+
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    beta2: float = 0.98
+    grad_clip: float = 1.0
+    batch_tokens: int = 12288  # tokens per optimizer step (sequences are added until reached)
+    max_steps: int = 3000
+    max_minutes: float = 110.0  # safety stop (the schedule is by steps)
+    log_every: int = 20
+    probe_every: int = 250
+    probe_items: int = 60  # held-out items per kind for the in-training probe
+    save_every_minutes: float = 10.0
+    threads: int = 2
+    seed: int = 0
+
+
+@dataclass
+class Profile:
+    """The tiny profile: model shape, tokenizer, data and training settings."""
+
+    model: TinyShape = field(default_factory=TinyShape)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    vocab_size: int = 4096
+    n_train_per_template: int | None = None  # train tasks per template for screens (None: all)
+    explore: float = 0.5
+    render: float = 0.1  # fraction of train states that keep a screenshot
+    probe_per_template: int = 3  # test tasks per template for held-out screens
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        known = {"model", "data", "train", "vocab_size", "n_train_per_template", "explore", "render",
+                 "probe_per_template"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown key(s) in the tiny profile: {sorted(unknown)}")
+
+        def sub(kind: type, key: str) -> Any:
+            part = d.get(key) or {}
+            fields = set(kind.__dataclass_fields__)
+            bad = set(part) - fields
+            if bad:
+                raise ValueError(f"unknown key(s) {sorted(bad)} in '{key}:' of the tiny profile")
+            return kind(**part)
+
+        rest = {k: v for k, v in d.items() if k not in ("model", "data", "train")}
+        return cls(model=sub(TinyShape, "model"), data=sub(DataConfig, "data"), train=sub(TrainConfig, "train"),
+                   **rest)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_profile(path: Path | str, overrides: Sequence[str] = ()) -> Profile:
+    """Read a profile YAML; ``overrides`` are ``section.key=value`` strings (YAML values)."""
+    import yaml
+
+    d = yaml.safe_load(Path(path).read_text()) or {}
+    for o in overrides:
+        key, _, val = o.partition("=")
+        parts = key.split(".")
+        cur = d
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = yaml.safe_load(val)
+    return Profile.from_dict(d)
+
+
+# --------------------------------------------------------------------------------------- batches
+
+
+def collate(encs: Sequence[Encoded], pad_id: int, image_id: int):
+    """Right-padded batch: ids (B, T), weights (B, T), optional image tensors."""
+    import torch
+
+    T = max(len(e.input_ids) for e in encs)
+    ids = torch.full((len(encs), T), pad_id, dtype=torch.long)
+    w = torch.zeros((len(encs), T), dtype=torch.float32)
+    for b, e in enumerate(encs):
+        n = len(e.input_ids)
+        ids[b, :n] = torch.tensor(e.input_ids)
+        w[b, :n] = torch.tensor(e.weights)
+    images = [e for e in encs if e.pixel_values is not None]
+    extra: dict[str, Any] = {}
+    if images:
+        extra["pixel_values"] = torch.cat([e.pixel_values for e in images])
+        extra["image_grid_thw"] = torch.cat([e.image_grid_thw for e in images])
+        extra["mm_token_type_ids"] = (ids == image_id).long()
+    return ids, w, extra
+
+
+def loss_fn(model: Any, ids, w, extra: dict[str, Any]):
+    """Weighted next-token CE over positions with weight > 0; returns (loss, answer stats)."""
+    import torch
+    import torch.nn.functional as F
+
+    # Right padding needs no attention mask under causal attention: no real token attends a pad.
+    hidden = model.model(input_ids=ids, use_cache=False, **extra).last_hidden_state  # (B, T, H)
+    tw = w[:, 1:]  # weight of predicting token t+1 from position t
+    sel = tw > 0
+    logits = model.lm_head(hidden[:, :-1][sel])  # (N, V)
+    target = ids[:, 1:][sel]
+    ce = F.cross_entropy(logits, target, reduction="none")
+    ww = tw[sel]
+    loss = (ce * ww).sum() / ww.sum().clamp_min(1e-6)
+    with torch.no_grad():
+        ans = ww >= 1.0
+        stats = {
+            "answer_loss": float(ce[ans].mean()) if ans.any() else float("nan"),
+            "answer_acc": float((logits[ans].argmax(-1) == target[ans]).float().mean()) if ans.any() else 0.0,
+            "answer_tokens": int(ans.sum()),
+            "weighted_tokens": int(sel.sum()),
+        }
+    return loss, stats
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    t = min(1.0, t)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+# ------------------------------------------------------------------------------------------ run
+
+
+def prepare_states(profile: Profile, log: Any = print) -> tuple[list[ScreenState], list[ScreenState]]:
+    from mobilerl.models.pretrain_data import collect_states
+    from mobilerl.models.probe import held_out_states
+
+    t0 = time.time()
+    train = collect_states(split="train", n_per_template=profile.n_train_per_template,
+                           explore=profile.explore, seed=profile.train.seed, render=profile.render)
+    log(f"collected {len(train)} train-split screens in {time.time() - t0:.0f}s")
+    t0 = time.time()
+    test = held_out_states(n_per_template=profile.probe_per_template, seed=profile.train.seed + 1)
+    log(f"collected {len(test)} held-out test-split screens in {time.time() - t0:.0f}s")
+    return train, test
+
+
+def make_tokenizer(profile: Profile, train_states: Sequence[ScreenState]):
+    from mobilerl.models.pretrain_data import corpus_texts
+    from mobilerl.models.tokenizer import train_tokenizer
+
+    return train_tokenizer(corpus_texts(train_states, random.Random(profile.train.seed)), profile.vocab_size)
+
+
+def pretrain(
+    profile: Profile,
+    work: Path | str,
+    train_states: Sequence[ScreenState],
+    test_states: Sequence[ScreenState],
+    tokenizer: Any = None,
+    log: Any = print,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Train (or resume) in ``work``; returns (model, processor, summary). See the module docstring."""
+    import torch
+
+    from mobilerl.models import tiny
+    from mobilerl.models.probe import build_items, score_teacher_forced
+    from mobilerl.models.tokenizer import wrap
+
+    tiny.offline()
+    cfg, dcfg = profile.train, profile.data
+    torch.set_num_threads(cfg.threads)
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt_path = work / "last.pt"
+    state: dict[str, Any] | None = None
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        from tokenizers import Tokenizer
+
+        tokenizer = wrap(Tokenizer.from_str(state["tokenizer"]))
+        log(f"resuming from {ckpt_path} at step {state['step']}")
+    elif tokenizer is None:
+        tokenizer = make_tokenizer(profile, train_states)
+    processor = tiny.build_processor(tokenizer)
+    model = tiny.build_model(profile.model, tokenizer, seed=cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "embed" in n]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, cfg.beta2), eps=1e-8,
+    )
+    step, tokens, minutes_before = 0, 0, 0.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, tokens, minutes_before = state["step"], state["tokens"], state["minutes"]
+    probe_items = build_items(test_states, dcfg, n_per_kind=cfg.probe_items, seed=cfg.seed)
+    log(f"model: {tiny.n_params(model) / 1e6:.2f}M params ({tiny.n_params(model, True) / 1e6:.2f}M text), "
+        f"vocab {len(tokenizer)}; probe items {len(probe_items)}")
+
+    ids_special = tiny.special_ids(tokenizer)
+    progress = {"p": step / max(1, cfg.max_steps)}
+    stream = stream_examples(train_states, dcfg, seed=cfg.seed * 1_000_003 + step, progress=lambda: progress["p"])
+    curve = (work / "curve.jsonl").open("a")
+    t_start = time.time()
+    t_save = time.time()
+    window: list[float] = []
+    win_tokens = 0
+    t_win = time.time()
+
+    def minutes() -> float:
+        return minutes_before + (time.time() - t_start) / 60
+
+    def write(row: dict[str, Any]) -> None:
+        curve.write(json.dumps(row) + "\n")
+        curve.flush()
+
+    def save_ckpt() -> None:
+        tmp = work / "last.pt.tmp"
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens,
+                    "minutes": minutes(), "tokenizer": tokenizer.backend_tokenizer.to_str(),
+                    "profile": profile.to_dict()}, tmp)
+        tmp.replace(ckpt_path)
+
+    def run_probe() -> dict[str, float]:
+        acc = score_teacher_forced(model, processor, probe_items, dcfg)
+        model.train()
+        row = {"type": "probe", "step": step, "minutes": round(minutes(), 2), "tokens": tokens, **acc}
+        write(row)
+        log("probe " + " ".join(f"{k}={v:.3f}" for k, v in acc.items() if not k.startswith("n_")))
+        return acc
+
+    model.train()
+    last_probe: dict[str, float] = {}
+    while step < cfg.max_steps and minutes() < cfg.max_minutes:
+        encs: list[Encoded] = []
+        n_tok = 0
+        while n_tok < cfg.batch_tokens:
+            e = encode(next(stream), processor, dcfg)
+            if not e.answer_spans:
+                continue
+            encs.append(e)
+            n_tok += len(e.input_ids)
+        ids, w, extra = collate(encs, ids_special["pad"], ids_special["image"])
+        lr = lr_at(step, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss, stats = loss_fn(model, ids, w, extra)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        tokens += int(ids.numel())
+        win_tokens += int(ids.numel())
+        progress["p"] = step / cfg.max_steps
+        window.append(float(loss))
+        if step % cfg.log_every == 0:
+            dt = time.time() - t_win
+            row = {"type": "train", "step": step, "minutes": round(minutes(), 2), "tokens": tokens,
+                   "loss": sum(window) / len(window), "lr": lr, "grad_norm": float(gnorm),
+                   "tok_per_s": win_tokens / max(dt, 1e-6), "seq_len": int(ids.shape[1]),
+                   "batch": int(ids.shape[0]), "supervised_frac": stats["weighted_tokens"] / ids.numel(),
+                   "answer_frac": stats["answer_tokens"] / ids.numel(), **stats}
+            write(row)
+            log(f"step {step} {row['minutes']:.1f}min loss {row['loss']:.3f} ans_loss {stats['answer_loss']:.3f} "
+                f"ans_acc {stats['answer_acc']:.3f} {row['tok_per_s']:.0f} tok/s T={ids.shape[1]} B={ids.shape[0]}")
+            window, win_tokens, t_win = [], 0, time.time()
+        if step % cfg.probe_every == 0:
+            last_probe = run_probe()
+        if time.time() - t_save > cfg.save_every_minutes * 60:
+            save_ckpt()
+            t_save = time.time()
+    save_ckpt()
+    if not last_probe or step % cfg.probe_every:
+        last_probe = run_probe()
+    curve.close()
+    model.eval()
+    summary = {"steps": step, "tokens": tokens, "minutes": round(minutes(), 2), "probe_teacher_forced": last_probe,
+               "params": tiny.n_params(model), "text_params": tiny.n_params(model, True)}
+    return model, processor, summary
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m mobilerl.models.pretrain PROFILE WORK [--set k=v ...] [--states DIR] [--out DIR]``
+    (experiments; the pipeline's entry point is ``python -m stages.pretrain``)."""
+    import argparse
+
+    from mobilerl.models import tiny
+    from mobilerl.models.pretrain_data import load_states, save_states
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("profile")
+    ap.add_argument("work")
+    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--states", default=None, help="cache folder for collected screens (reused if present)")
+    ap.add_argument("--out", default=None, help="save the final model here (HF format)")
+    args = ap.parse_args(argv)
+    profile = load_profile(args.profile, args.overrides)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "profile.json").write_text(json.dumps(profile.to_dict(), indent=1))
+    logf = (work / "log.txt").open("a")
+
+    def log(msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    if args.states and (Path(args.states) / "train.jsonl.gz").exists():
+        train = load_states(Path(args.states) / "train.jsonl.gz")
+        test = load_states(Path(args.states) / "test.jsonl.gz")
+        log(f"loaded {len(train)} train / {len(test)} held-out screens from {args.states}")
+    else:
+        train, test = prepare_states(profile, log)
+        if args.states:
+            save_states(train, Path(args.states) / "train.jsonl.gz")
+            save_states(test, Path(args.states) / "test.jsonl.gz")
+    tok = None
+    tok_path = Path(args.states) / f"tokenizer_{profile.vocab_size}.json" if args.states else None
+    if tok_path is not None and tok_path.exists():
+        from tokenizers import Tokenizer
+
+        from mobilerl.models.tokenizer import wrap
+
+        tok = wrap(Tokenizer.from_file(str(tok_path)))
+    elif tok_path is not None:
+        tok = make_tokenizer(profile, train)
+        tok.backend_tokenizer.save(str(tok_path))
+    model, processor, summary = pretrain(profile, work, train, test, tokenizer=tok, log=log)
+    log(json.dumps(summary))
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    if args.out:
+        tiny.save(model, processor, args.out, extra={"profile": profile.to_dict(), "summary": summary})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Held-out screen-reading probe for the tiny base: grounding, reading, state questions, span copy.
+
+Protocol: probe screens come from the simulator's ``test`` split (:func:`held_out_states`), whose device
+seeds and instructions are disjoint from the ``train`` split that pretraining draws from (the registry
+redraws train instances whose instruction equals a test one). Each probe item is **one** question about
+a **full** screen, in the same chat format as training (``Task/Screen`` user turn, answer turn).
+
+Scoring: an item is correct iff the model's answer equals the target string exactly (``ground``: the
+same element's box on the 0-999 grid, or its index; ``read``: the same text; ``type``: the same
+``do(action="Type", text=…)``). Two equivalent ways are implemented:
+
+- :func:`score_teacher_forced` — one forward pass; correct iff the argmax at every answer position
+  (answer tokens and the closing ``<|im_end|>``) is the target token. This is exactly "greedy decoding
+  reproduces the answer", at a fraction of the cost, and is what training logs use.
+- :func:`score_generate` — ``model.generate`` greedy decoding from the prompt, then string comparison
+  (and, for ``ground`` in ``bbox`` mode, also whether the tap's centre lands inside the target).
+
+Acceptance figures (``scripts/probe_tiny_base.py``): ``ground`` = grounding exact element, ``read`` =
+reading, ``type`` = instruction-span copy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mobilerl.models.pretrain_data import (
+    KINDS,
+    DataConfig,
+    Example,
+    ScreenState,
+    chat_text,
+    encode,
+    make_qas,
+    prompt_text,
+    render_screen,
+)
+
+ACCEPTANCE = {"ground": 0.90, "read": 0.90, "type": 0.95}
+
+
+@dataclass
+class ProbeItem:
+    kind: str
+    example: Example  # one user turn + one assistant turn
+    state_index: int
+
+
+def held_out_states(
+    n_per_template: int | None = 3, seed: int = 1, explore: float = 0.5, render: float = 0.0
+) -> list[ScreenState]:
+    """Screens from ``test``-split tasks (never used in training)."""
+    from mobilerl.models.pretrain_data import collect_states
+
+    return collect_states(split="test", n_per_template=n_per_template, explore=explore, seed=seed, render=render)
+
+
+def build_items(
+    states: Sequence[ScreenState], cfg: DataConfig, n_per_kind: int = 200, seed: int = 0,
+    kinds: Sequence[str] = KINDS,
+) -> list[ProbeItem]:
+    """Up to ``n_per_kind`` single-question items per kind, each on a different screen where possible."""
+    rng = random.Random(seed)
+    numbered = cfg.numbered or cfg.grounding == "index"
+    by_kind: dict[str, list[ProbeItem]] = defaultdict(list)
+    order = list(range(len(states)))
+    rng.shuffle(order)
+    for si in order:
+        st = states[si]
+        if not st.nodes:
+            continue
+        qas = make_qas(st, st.nodes, rng, cfg.coords, cfg.grounding, True, {k: 1.0 for k in KINDS}, n=64)
+        seen: set[str] = set()
+        screen = None
+        for qa in qas:
+            if qa.kind not in kinds or qa.kind in seen or len(by_kind[qa.kind]) >= n_per_kind:
+                continue
+            seen.add(qa.kind)
+            if screen is None:
+                screen = render_screen(st.nodes, st.width, st.height, cfg.coords, numbered)
+            msgs = [
+                {"role": "user", "content": prompt_text(st, screen) + qa.question},
+                {"role": "assistant", "content": qa.answer},
+            ]
+            by_kind[qa.kind].append(ProbeItem(qa.kind, Example(msgs, [qa.kind]), si))
+        if all(len(by_kind[k]) >= n_per_kind for k in kinds):
+            break
+    return [it for k in kinds for it in by_kind[k]]
+
+
+def _batches(items: Sequence[Any], size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def score_teacher_forced(
+    model: Any, processor: Any, items: Sequence[ProbeItem], cfg: DataConfig, batch_size: int = 16,
+    max_len: int = 4096,
+) -> dict[str, float]:
+    """Exact-answer accuracy per kind by teacher forcing (see module docstring); plus ``n_<kind>``."""
+    import torch
+
+    model.eval()
+    pad = processor.tokenizer.pad_token_id
+    right: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    with torch.no_grad():
+        for batch in _batches(list(items), batch_size):
+            encs = [encode(it.example, processor, cfg, max_len=max_len) for it in batch]
+            T = max(len(e.input_ids) for e in encs)
+            ids = torch.full((len(encs), T), pad, dtype=torch.long)
+            for b, e in enumerate(encs):
+                ids[b, : len(e.input_ids)] = torch.tensor(e.input_ids)
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            for b, (e, it) in enumerate(zip(encs, batch, strict=True)):
+                total[it.kind] += 1
+                if not e.answer_spans:
+                    continue
+                s, t, _ = e.answer_spans[0]
+                logits = model.lm_head(hidden[b, s - 1 : t - 1])
+                ok = bool((logits.argmax(-1) == ids[b, s:t]).all())
+                right[it.kind] += ok
+    out = {k: right[k] / total[k] for k in total if total[k]}
+    out.update({f"n_{k}": total[k] for k in total})
+    return out
+
+
+def _center_inside(pred: str, target: str) -> bool:
+    from mobilerl.env.actions import ActionParseError, parse_action
+
+    try:
+        p, t = parse_action(pred), parse_action(target)
+    except ActionParseError:
+        return False
+    if p.name != t.name or p.center is None or t.element is None:
+        return False
+    x, y = p.center
+    x1, y1, x2, y2 = t.element
+    return x1 <= x <= x2 and y1 <= y <= y2
+
+
+def score_generate(
+    model: Any, processor: Any, items: Sequence[ProbeItem], batch_size: int = 16, max_new_tokens: int = 64,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy generation accuracy per kind, plus per-item records (prompt-free: kind, target, output)."""
+    import torch
+
+    tok = processor.tokenizer
+    model.eval()
+    right: dict[str, int] = defaultdict(int)
+    center: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    rows: list[dict[str, Any]] = []
+    old_side = tok.padding_side
+    tok.padding_side = "left"
+    try:
+        for batch in _batches(list(items), batch_size):
+            prompts = [chat_text(it.example.messages[:1]) + "<|im_start|>assistant\n" for it in batch]
+            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+            new = out[:, enc["input_ids"].shape[1] :]
+            for it, seq in zip(batch, new, strict=True):
+                text = tok.decode(seq, skip_special_tokens=True).strip()
+                target = it.example.messages[1]["content"]
+                ok = text == target
+                total[it.kind] += 1
+                right[it.kind] += ok
+                if it.kind in ("ground", "find"):
+                    center[it.kind] += ok or _center_inside(text, target)
+                rows.append({"kind": it.kind, "target": target, "output": text, "correct": ok})
+    finally:
+        tok.padding_side = old_side
+    acc = {k: right[k] / total[k] for k in total}
+    acc.update({f"{k}_center_hit": center[k] / total[k] for k in center})
+    acc.update({f"n_{k}": total[k] for k in total})
+    return acc, rows

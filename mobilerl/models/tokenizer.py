@@ -1,0 +1,125 @@
+"""The project's own tokenizer for the tiny profile: byte-level BPE trained on simulator text.
+
+No download: it is trained (seconds) on a corpus of rendered screens, instructions, questions and
+actions from ``train``-split states (:func:`mobilerl.models.pretrain_data.corpus_texts`).
+
+Pre-tokenization is where most of the learnability comes from (see ``docs/tiny_base.md``):
+
+- every integer is split into chunks of at most 3 digits, and the corpus contains each of 0-999, so a
+  coordinate on the 0-999 grid (or a line index) is exactly **one token**, the same token on the screen
+  and in the answer — copying a box is copying 4 tokens;
+- a line's ``Class;flags;`` prefix is one pre-token (the frequent ones become one token);
+- words keep their leading space (``" story"``), so most labels are 1-3 tokens;
+- the action syntax pieces (``do(action="``, ``", element=[``, ``", text="`` …) are pre-tokens, so an
+  action costs few tokens.
+
+Special tokens are Qwen2-VL's names (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``,
+``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``, ``<|video_pad|>``) so that
+``Qwen2VLProcessor`` and the ``qwen2_vl`` LLaMA-Factory template work unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+PAD, BOS, EOS = "<|endoftext|>", "<|endoftext|>", "<|im_end|>"
+
+# Qwen2-VL's chat template, without the default system prompt (tokens are precious on a CPU).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for c in message['content'] %}"
+    "{% if c['type'] == 'image' or 'image' in c %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'video' or 'video' in c %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# One alternation, applied before the byte-level mapping (behaviour "isolated": matches become
+# pre-tokens, the text between them too).
+PRETOKENIZE = "|".join(
+    (
+        r" ?[A-Z][A-Za-z]*;[a-z -]*;",  # a compressed-XML line prefix: Class;flags;
+        r'do\(action="',
+        r'finish\(message="',
+        r"finish\(\)",
+        r'", (?:element=\[|index=|text="|app="|direction="|dist="|message=")',
+        r'"\)',
+        r"\]\)",
+        r"\d{1,3}",
+        r" ?[A-Za-z]+",
+        r" ?[^\sA-Za-z\d]+",
+        r"\s+",
+    )
+)
+
+
+def numbers_corpus(repeat: int = 64) -> Iterator[str]:
+    """Every integer 0-999 (and line indices ``[i]``) several times, so each becomes one token."""
+    for _ in range(repeat):
+        yield " ".join(str(i) for i in range(1000))
+        yield "\n".join(f"[{i}] x" for i in range(200))
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2):
+    """Train the byte-level BPE and wrap it in a ``PreTrainedTokenizerFast`` with the chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+
+    def corpus() -> Iterator[str]:
+        yield from numbers_corpus()
+        yield from texts
+
+    tk.train_from_iterator(corpus(), trainer=trainer)
+    return wrap(tk)
+
+
+def wrap(tk):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (PAD, EOS)],
+        model_max_length=32768,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def single_token_numbers(tok, upto: int = 1000) -> list[int]:
+    """The integers below ``upto`` that are *not* one token (should be empty)."""
+    bad = []
+    for i in range(upto):
+        if len(tok(str(i), add_special_tokens=False)["input_ids"]) != 1:
+            bad.append(i)
+    return bad

@@ -1,0 +1,123 @@
+"""Orchestration: the DVC DAG, the Prefect flow (smoke deployment, end to end), MLflow runs, params."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.flow import ROOT, apply_overrides, load_overrides, stage_order
+from stages.common import ParamsError, StageConfig, load_params
+
+
+def test_dag_matches_stage_modules():
+    dag = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    modules = {p.stem for p in (ROOT / "stages").glob("*.py")} - {"__init__", "common"}
+    assert set(dag) == modules
+    for name, stage in dag.items():
+        assert stage["cmd"] == f"python -m stages.{name}"
+        assert f"stages/{name}.py" in stage["deps"]
+        params = yaml.safe_load((ROOT / "params.yaml").read_text())
+        for section in stage.get("params", []):
+            assert section in params, f"{name} reads params section {section!r} that params.yaml lacks"
+
+
+def test_stage_order_is_dvc_order():
+    order = stage_order()
+    dag = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert sorted(order) == sorted(dag)
+    outs = {}
+    for name, stage in dag.items():
+        for o in stage.get("outs", []) + stage.get("metrics", []):
+            outs[o if isinstance(o, str) else next(iter(o))] = name
+    for name, stage in dag.items():  # every producer comes before its consumer
+        for d in stage["deps"]:
+            if d in outs:
+                assert order.index(outs[d]) < order.index(name), (d, outs[d], name)
+    assert stage_order(targets=["evaluate"])[-1] == "evaluate"
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_order(targets=["nope"])
+
+
+def test_params_errors_name_the_key(tmp_path):
+    class Cfg(StageConfig):
+        n: int = 1
+
+    p = tmp_path / "params.yaml"
+    p.write_text("s:\n  n: 2\n  typo: 3\n")
+    with pytest.raises(ParamsError, match=r"s\.typo"):
+        load_params("s", Cfg, p)
+    p.write_text("s:\n  n: lots\n")
+    with pytest.raises(ParamsError, match=r"s\.n"):
+        load_params("s", Cfg, p)
+    with pytest.raises(ParamsError, match="no 'other:' section"):
+        load_params("other", Cfg, p)
+    with pytest.raises(ParamsError, match="not found"):
+        load_params("s", Cfg, tmp_path / "missing.yaml")
+    p.write_text("s: [unclosed\n")
+    with pytest.raises(ParamsError, match="malformed YAML"):
+        load_params("s", Cfg, p)
+
+
+def test_overrides_and_profiles(tmp_path):
+    p = tmp_path / "params.yaml"
+    p.write_text("# keep me\nevaluate:\n  n_trials: 1  # trials\n  suites: [world]\n")
+    apply_overrides(p, {"evaluate.n_trials": 8})
+    text = p.read_text()
+    assert "# keep me" in text and "n_trials: 8" in text
+    with pytest.raises(KeyError, match="no key"):
+        apply_overrides(p, {"evaluate.n_trails": 8})
+    smoke = load_overrides("smoke", {"evaluate.n_trials": 2})
+    assert smoke["evaluate.max_per_template"] == 1 and smoke["evaluate.n_trials"] == 2
+    with pytest.raises(ValueError, match="unknown profile"):
+        load_overrides("huge", None)
+
+
+@pytest.mark.slow
+def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
+    """The smoke flow runs every stage under Prefect's test harness and logs nested MLflow runs; then, in
+    its working copy, changing one stage's param re-runs only that stage and what depends on it."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from pipelines.flow import mobilerl
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.delenv("MOBILERL_PARENT_RUN_ID", raising=False)
+    with prefect_test_harness():
+        summary = mobilerl(profile="smoke", isolated=True, keep_workdir=True)
+    work = Path(summary["workdir"])
+    try:
+        assert [r["stage"] for r in summary["stages"]] == stage_order(work)
+        assert all(r["status"] == "ran" for r in summary["stages"])
+        report = (work / "reports" / "report.md").read_text()
+        assert "| oracle |" in report and "| random |" in report
+        # MLflow: the parent run with one nested run per stage (and the evaluate sub-runs)
+        import mlflow
+
+        mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+        runs = mlflow.search_runs(experiment_names=["mobilerl"], output_format="list")
+        parent = summary["mlflow_parent_run_id"]
+        children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
+        assert {r.data.tags["mobilerl.stage"] for r in children} == set(stage_order(work))
+        assert all(r.data.tags.get("mobilerl.git_sha") for r in children)
+        oracle = [r for r in runs if r.info.run_name == "oracle/world"]
+        assert oracle, sorted(r.info.run_name for r in runs)
+        assert oracle[0].data.metrics["eval/success_rate"] == 1.0
+
+        # Selective re-run: change the report's param only.
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        apply_overrides(work / "params.yaml", {"report.title": "Changed title"})
+        out = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=work, env=env, capture_output=True,
+                             text=True, check=True).stdout
+        assert "Running stage 'report'" in out
+        assert "Running stage 'tasks'" not in out and "Running stage 'evaluate'" not in out
+        assert "Changed title" in (work / "reports" / "report.md").read_text()
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
