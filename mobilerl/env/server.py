@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "MOBILERL_ENV_TOKEN"
 DEFAULT_PORT = 8765
-BACKENDS = ("sim", "fake")
+BACKENDS = ("sim", "fake", "adb")
 
 
 # -- backends -------------------------------------------------------------------------------------------
@@ -69,6 +69,12 @@ def make_backend_env(backend: str, render: bool = False, seed: int = 0) -> Env:
         from mobilerl.env.fake import CounterEnv
 
         return CounterEnv()
+    if backend == "adb":  # a real device or emulator; ANDROID_SERIAL picks it (the AVD worker image sets it)
+        import os
+
+        from mobilerl.env.adb import AdbEnv
+
+        return AdbEnv(serial=os.environ.get("ANDROID_SERIAL"), screenshot=render)
     raise ValueError(f"unknown env backend {backend!r}; expected one of {', '.join(BACKENDS)}")
 
 
