@@ -1,0 +1,112 @@
+"""Model profiles (``configs/models/<name>.yaml``): weights, template, image limits, SFT and RL settings.
+
+``tiny`` is the embedded default (CPU, the committed pretrained base); ``qwen2_5_vl_7b`` and
+``glm4_1v_9b`` are the paper's bases with its §B.1 / Table 4 hyperparameters. Profiles validate on load:
+an unknown or ill-typed key is an error naming ``<file>: <key>``. Weights are local directories only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = ROOT / "configs" / "models"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SFTSettings(_Strict):
+    finetuning_type: Literal["full", "lora", "freeze"] = Field("full", description="LLaMA-Factory finetuning type.")
+    deepspeed: str | None = Field(None, description="DeepSpeed JSON (repo-relative); None on CPU.")
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(1e-6, ge=0, description="Floor of the cosine schedule.")
+    lr_scheduler_type: str = Field("cosine_with_min_lr", description="transformers scheduler name.")
+    num_train_epochs: float = Field(2, gt=0, description="Epochs over the SFT set.")
+    packing: bool = Field(True, description="Pack several samples per sequence.")
+    cutoff_len: int = Field(16384, ge=64, description="Max tokens per (packed) sequence.")
+    per_device_train_batch_size: int = Field(1, ge=1, description="Micro batch per device.")
+    gradient_accumulation_steps: int = Field(8, ge=1, description="Accumulation steps.")
+    warmup_ratio: float = Field(0.03, ge=0, le=1, description="Warm-up share of the steps.")
+    freeze_vision_tower: bool = Field(True, description="Keep the vision encoder frozen.")
+
+    @model_validator(mode="after")
+    def _lr_order(self) -> SFTSettings:
+        if self.min_lr > self.learning_rate:
+            raise ValueError("min_lr must not exceed learning_rate")
+        return self
+
+
+class RLSettings(_Strict):
+    learning_rate: float = Field(1e-6, gt=0, description="Actor learning rate (Table 4).")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    clip_ratio: float = Field(0.2, gt=0, description="PPO/GRPO clip ratio ε.")
+    ppo_epochs: int = Field(1, ge=1, description="Optimisation epochs per batch.")
+    kl_coef: float = Field(0.001, ge=0, description="KL loss coefficient β.")
+    temperature: float = Field(1.0, gt=0, description="Rollout sampling temperature.")
+    max_new_tokens: int = Field(4096, ge=1, description="Max tokens per response.")
+    max_prompt_length: int = Field(16384, ge=1, description="Max prompt tokens.")
+    samples_per_task: int = Field(16, ge=2, description="Group size n of GRPO.")
+    max_turns: int = Field(50, ge=1, description="Max steps per episode.")
+    train_batch_size: int = Field(256, ge=1, description="Tasks per update.")
+    spa_alpha: float = Field(1.0, ge=0, description="SPA α (shortest-path adjustment).")
+    adapr_buffer_size: int = Field(256, ge=0, description="AdaPR replay buffer capacity.")
+    adapr_gamma: float = Field(1.0, ge=0, description="AdaPR γ.")
+    adapr_kappa: float = Field(0.25, gt=0, le=1, description="AdaPR κ: top share eligible for the buffer.")
+
+
+class GenerationSettings(_Strict):
+    kind: Literal["hf", "vllm", "openai"] = Field("hf", description="Generation backend.")
+    max_batch: int = Field(16, ge=1, description="HF micro-batch size.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism.")
+    max_model_len: int | None = Field(None, description="vLLM context length.")
+    base_url: str | None = Field(None, description="OpenAI-compatible server (kind=openai).")
+
+
+class ModelProfile(_Strict):
+    name: str
+    weights: str = Field(description="Local weight directory (absolute, or relative to the repo).")
+    template: str = Field(description="LLaMA-Factory template name.")
+    image_max_pixels: int = Field(ge=1, description="Max pixels per image.")
+    image_min_pixels: int = Field(ge=1, description="Min pixels per image.")
+    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
+    sft: SFTSettings = SFTSettings()
+    rl: RLSettings = RLSettings()
+    generation: GenerationSettings = GenerationSettings()
+
+    @model_validator(mode="after")
+    def _pixels(self) -> ModelProfile:
+        if self.image_min_pixels > self.image_max_pixels:
+            raise ValueError("image_min_pixels must not exceed image_max_pixels")
+        return self
+
+    @property
+    def weights_path(self) -> Path:
+        p = Path(self.weights)
+        return p if p.is_absolute() else ROOT / p
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
+
+
+def load_profile(name: str) -> ModelProfile:
+    path = PROFILES / f"{name}.yaml"
+    if not path.exists():
+        raise KeyError(f"unknown model profile {name!r}; available: {', '.join(available())}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        profile = ModelProfile.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"{path}: {problems}") from None
+    if profile.name != name:
+        raise ValueError(f"{path}: name {profile.name!r} does not match the file name")
+    if profile.sft.deepspeed and not (ROOT / profile.sft.deepspeed).is_file():
+        raise ValueError(f"{path}: sft.deepspeed: {profile.sft.deepspeed} does not exist")
+    return profile

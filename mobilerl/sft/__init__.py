@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: the LLaMA-Factory runner and reasoning bootstrap / iterative refinement."""

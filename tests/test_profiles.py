@@ -1,0 +1,74 @@
+"""Model profiles and the LLaMA-Factory arguments built from them (large profiles checked without weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mobilerl.models.profiles import ROOT, available, load_profile
+from mobilerl.sft.llamafactory import read_result, train_args
+
+
+def test_profiles_parse_and_follow_the_paper():
+    assert {"tiny", "qwen2_5_vl_7b", "glm4_1v_9b"} <= set(available())
+    for name in ("qwen2_5_vl_7b", "glm4_1v_9b"):
+        p = load_profile(name)
+        assert (p.image_max_pixels, p.image_min_pixels) == (5_000_000, 65_536)  # Table 4
+        assert (p.sft.learning_rate, p.sft.min_lr, p.sft.num_train_epochs, p.sft.packing) == (1e-5, 1e-6, 2, True)
+        assert (p.rl.learning_rate, p.rl.kl_coef, p.rl.samples_per_task, p.rl.max_turns) == (1e-6, 0.001, 16, 50)
+        assert (p.rl.adapr_buffer_size, p.rl.adapr_kappa, p.rl.spa_alpha) == (256, 0.25, 1.0)
+        assert json.loads((ROOT / p.sft.deepspeed).read_text())["zero_optimization"]["stage"] == 3
+    assert load_profile("qwen2_5_vl_7b").template == "qwen2_vl"
+    assert load_profile("glm4_1v_9b").template == "glm4v"
+
+
+def test_bad_profiles_name_the_key(tmp_path, monkeypatch):
+    import mobilerl.models.profiles as profiles
+
+    monkeypatch.setattr(profiles, "PROFILES", tmp_path)
+    (tmp_path / "x.yaml").write_text("name: x\nweights: w\ntemplate: t\nimage_max_pixels: 10\n"
+                                     "image_min_pixels: 1\nsft: {learning_rate: -1}\n")
+    with pytest.raises(ValueError, match=r"sft\.learning_rate"):
+        profiles.load_profile("x")
+    (tmp_path / "y.yaml").write_text("name: y\nweights: w\ntemplate: t\nimage_max_pixels: 10\n"
+                                     "image_min_pixels: 1\nsft: {lerning_rate: 1}\n")
+    with pytest.raises(ValueError, match=r"sft\.lerning_rate"):
+        profiles.load_profile("y")
+    with pytest.raises(KeyError, match="unknown model profile"):
+        profiles.load_profile("nope")
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2_5_vl_7b", "glm4_1v_9b"])
+def test_llamafactory_accepts_the_arguments(name, tmp_path):
+    """LLaMA-Factory's own parser accepts every profile's SFT arguments (no weights needed). On CPU the
+    large profiles' bf16 and DeepSpeed are switched off for the check only."""
+    from llamafactory.hparams import get_train_args
+
+    p = load_profile(name)
+    args = train_args(p, dataset="mobilerl_sft", dataset_dir=tmp_path, output_dir=tmp_path / "out",
+                      model_path=tmp_path / "weights")
+    assert args["template"] == p.template and args["packing"] is True
+    if name != "tiny":
+        assert args["deepspeed"].endswith("zero3.json") and args["bf16"] is True
+        args.update(bf16=False, use_cpu=True)
+        args.pop("deepspeed")
+    _model, data, training, finetuning, _gen = get_train_args(args)
+    assert data.template == p.template
+    assert data.cutoff_len in (p.sft.cutoff_len, p.sft.cutoff_len - 1)  # packing reserves one token
+    assert training.learning_rate == p.sft.learning_rate and training.num_train_epochs == p.sft.num_train_epochs
+    assert str(training.lr_scheduler_type).endswith("COSINE_WITH_MIN_LR")
+    assert training.lr_scheduler_kwargs == {"min_lr": p.sft.min_lr}
+    assert finetuning.freeze_vision_tower == p.sft.freeze_vision_tower
+
+
+def test_read_result_parses_the_trainer_log(tmp_path):
+    (tmp_path / "trainer_log.jsonl").write_text(
+        '{"current_steps": 1, "total_steps": 2, "loss": 3.5}\n{"current_steps": 2, "total_steps": 2, "loss": 2.0}\n')
+    (tmp_path / "train_results.json").write_text('{"train_runtime": 4.0, "num_input_tokens_seen": 1000}')
+    r = read_result(tmp_path)
+    assert r.losses == [(1, 3.5), (2, 2.0)] and r.tokens_per_s == 250.0 and r.final_loss < r.first_loss
+    (tmp_path / "trainer_log.jsonl").write_text('{"current_steps": 1, "loss": 3.5}\nnot json\n')
+    with pytest.raises(ValueError, match=r"trainer_log.jsonl:2"):
+        read_result(Path(tmp_path))
