@@ -1,0 +1,289 @@
+"""Reasoning SFT data: bootstrap sampling and iterative refinement (MobileRL §2.1, Appendix B.1).
+
+Bootstrap: an instruct model M proposes K reasoning–action candidates ``c_k → a_k`` for every expert step
+``(x, a*)``; a candidate is kept when ``a_k`` equals ``a*`` (:func:`actions_match`). The kept set trains
+π₀. Refinement: for rounds t = 1…T, π_t proposes K candidates per step, the matching ones are scored by
+π_t's own mean token log-probability, the best explanation replaces the step's current one, and π_{t+1}
+is fine-tuned on the result. The acceptance rate (steps with at least one match / steps) is recorded
+per round.
+
+With real weights, M is an instruct VLM (e.g. Qwen2.5-VL-7B-Instruct behind vLLM). The embedded default
+has none, so :class:`SimTeacher` stands in for it *through the same generation interface*: it reads the
+prompt it is given (task, current app, compressed screen) and explains the expert's next action from the
+simulator's knowledge of its own screens — what the target element is, why the action follows from the
+task — in varied phrasings, and with probability ``p_wrong`` it argues for a plausible *wrong* action
+(another clickable element, a needless scroll, an early finish), so filtering has something to reject.
+The expert action for a prompt is registered with :meth:`SimTeacher.register` before asking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mobilerl.agent.prompt import build_messages, render_response
+from mobilerl.env import actions as A
+from mobilerl.env.actions import Action, ActionParseError, parse_action
+from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
+
+_LINE = re.compile(r"^(?:\[\d+\] )?([^;]*);([^;]*);(.*);\[(\d+),(\d+)\]\[(\d+),(\d+)\]$")
+
+
+# ------------------------------------------------------------------------------------------- matching
+def _norm(s: str | None) -> str:
+    return " ".join((s or "").lower().split()).rstrip(".")
+
+
+def actions_match(a: Action, expert: Action) -> bool:
+    """``a`` equals the expert's action: same type and same target (box, text, direction, app, answer)."""
+    if a.name != expert.name:
+        return False
+    if a.name in (A.TAP, A.LONG_PRESS):
+        return a.element == expert.element
+    if a.name == A.TYPE:
+        return a.text == expert.text
+    if a.name == A.SWIPE:
+        return a.direction == expert.direction
+    if a.name == A.LAUNCH:
+        return _norm(a.app) == _norm(expert.app)
+    if a.name == A.FINISH:
+        return _norm(a.message) == _norm(expert.message)
+    return True
+
+
+# --------------------------------------------------------------------------------------- expert steps
+@dataclass
+class ExpertStep:
+    """One step of an expert demonstration: the agent's state and the expert's action."""
+
+    step_id: str
+    instruction: str
+    history: list[str]
+    xml_compressed: str
+    app: str
+    action: Action
+    image: str | None = None  # relative path of the screenshot, when the data has one
+
+    def messages(self, mode: str = "xml") -> list[dict[str, str]]:
+        return build_messages(self.instruction, self.history, self.xml_compressed, app=self.app, mode=mode,
+                              reasoning=True)
+
+
+@dataclass
+class Candidate:
+    step_id: str
+    text: str
+    action: Action | None
+    accepted: bool
+    score: float | None = None
+
+
+@dataclass
+class RoundStats:
+    round: int
+    steps: int
+    candidates: int
+    accepted_steps: int
+    accepted_candidates: int
+    parse_failures: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_steps / self.steps if self.steps else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "steps": self.steps, "candidates": self.candidates,
+                "accepted_steps": self.accepted_steps, "accepted_candidates": self.accepted_candidates,
+                "parse_failures": self.parse_failures, "acceptance_rate": self.acceptance_rate}
+
+
+# ----------------------------------------------------------------------------------------- proposals
+async def propose(backend: Any, steps: Sequence[ExpertStep], k: int, sampling: SamplingConfig,
+                  mode: str = "xml", images: dict[str, Any] | None = None) -> list[list[Candidate]]:
+    """K candidates per step from ``backend`` (one batched call per step: backends batch concurrent work)."""
+    import asyncio
+
+    async def one(i: int, st: ExpertStep) -> list[Candidate]:
+        imgs = [images[st.image]] if images is not None and st.image and "screenshot" in mode else None
+        req = ChatRequest(st.messages(mode), images=imgs)
+        reqs = [req] * k
+        seeded = SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p,
+                                max_new_tokens=sampling.max_new_tokens,
+                                seed=None if sampling.seed is None else sampling.seed + 1000 * i,
+                                stop=sampling.stop)
+        gens: list[Generation] = await backend.generate(reqs, seeded)
+        out = []
+        for g in gens:
+            try:
+                act: Action | None = parse_action(g.text)
+            except ActionParseError:
+                act = None
+            ok = act is not None and actions_match(act, st.action) and "<think>" in g.text
+            out.append(Candidate(st.step_id, g.text, act, ok))
+        return out
+
+    return list(await asyncio.gather(*(one(i, st) for i, st in enumerate(steps))))
+
+
+def bootstrap_select(steps: Sequence[ExpertStep], cands: Sequence[Sequence[Candidate]],
+                     seed: int = 0) -> tuple[dict[str, str], RoundStats]:
+    """Bootstrap filtering: for each step keep one matching candidate (uniformly among the matches)."""
+    rng = random.Random(seed)
+    chosen: dict[str, str] = {}
+    acc_c = fails = 0
+    for st, cs in zip(steps, cands, strict=True):
+        good = [c for c in cs if c.accepted]
+        acc_c += len(good)
+        fails += sum(c.action is None for c in cs)
+        if good:
+            chosen[st.step_id] = rng.choice(good).text
+    stats = RoundStats(0, len(steps), sum(len(c) for c in cands), len(chosen), acc_c, fails)
+    return chosen, stats
+
+
+async def refine_select(backend: Any, steps: Sequence[ExpertStep], cands: Sequence[Sequence[Candidate]],
+                        current: dict[str, str], round_no: int, mode: str = "xml") -> tuple[dict[str, str], RoundStats]:
+    """Refinement: score the matching candidates by the policy's mean token logprob and keep the best
+    explanation per step (steps with no match keep their current one)."""
+    updated = dict(current)
+    acc_steps = acc_c = fails = 0
+    for st, cs in zip(steps, cands, strict=True):
+        good = [c for c in cs if c.accepted]
+        fails += sum(c.action is None for c in cs)
+        if not good:
+            continue
+        acc_steps += 1
+        acc_c += len(good)
+        req = ChatRequest(st.messages(mode))
+        for c in {c.text: c for c in good}.values():
+            lps = await backend.score(req, c.text)
+            c.score = sum(lps) / max(1, len(lps))
+        best = max((c for c in good if c.score is not None), key=lambda c: c.score)  # type: ignore[arg-type]
+        updated[st.step_id] = best.text
+    return updated, RoundStats(round_no, len(steps), sum(len(c) for c in cands), acc_steps, acc_c, fails)
+
+
+# ---------------------------------------------------------------------------------- simulator teacher
+@dataclass
+class _Known:
+    action: Action
+    instruction: str
+    lines: list[tuple[str, str, str, tuple[int, int, int, int]]] = field(default_factory=list)
+    app: str = ""
+
+
+class SimTeacher:
+    """The embedded default's instruct model M (see the module docstring). Implements ``generate`` of the
+    generation interface; ``score`` is not offered (M only proposes)."""
+
+    def __init__(self, p_wrong: float = 0.3):
+        self.p_wrong = p_wrong
+        self._known: dict[str, _Known] = {}
+
+    @staticmethod
+    def _key(messages: Sequence[dict[str, Any]]) -> str:
+        user = next(text_content(m["content"]) for m in messages if m["role"] == "user")
+        return hashlib.sha1(user.encode()).hexdigest()
+
+    def register(self, step: ExpertStep, mode: str = "xml") -> None:
+        lines = []
+        for raw in step.xml_compressed.splitlines():
+            m = _LINE.match(raw.strip())
+            if m:
+                cls, flags, label, *xy = m.groups()
+                lines.append((cls, flags, label, tuple(int(v) for v in xy)))
+        self._known[self._key(step.messages(mode))] = _Known(step.action, step.instruction, lines, step.app)
+
+    async def generate(self, requests: Sequence[ChatRequest], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for i, req in enumerate(requests):
+            known = self._known.get(self._key(req.messages))
+            if known is None:
+                raise KeyError("SimTeacher: no expert step registered for this prompt (call register first)")
+            seed = sampling.request_seed(i)
+            rng = random.Random(seed if seed is not None else random.random())
+            action, think = self._explain(known, rng)
+            out.append(Generation(render_response(action, think), [], [], "stop"))
+        return out
+
+    async def score(self, request: ChatRequest, completion: Any, *, temperature: float = 1.0) -> list[float]:
+        raise NotImplementedError("SimTeacher proposes candidates only; score with the policy being trained")
+
+    # -- the explanations
+    def _label(self, known: _Known, box: tuple[int, int, int, int] | None) -> str:
+        for _cls, _flags, label, b in known.lines:
+            if b == box and label:
+                return label.split(" | ")[0]
+        # a clickable container: name it by the first labelled line inside it
+        if box is not None:
+            for _cls, _flags, label, b in known.lines:
+                if label and box[0] <= b[0] and box[1] <= b[1] and b[2] <= box[2] and b[3] <= box[3]:
+                    return label.split(" | ")[0]
+        return "that element"
+
+    def _wrong(self, known: _Known, rng: random.Random) -> Action:
+        clickable = [b for _c, flags, _l, b in known.lines if "clickable" in flags and b != known.action.element]
+        options: list[Action] = [Action(A.SWIPE, direction="up", dist="medium"), Action(A.BACK)]
+        if clickable:
+            options += [Action(A.TAP, element=rng.choice(clickable))] * 3
+        if known.action.name != A.FINISH:
+            options.append(Action(A.FINISH, message=None))
+        return rng.choice(options)
+
+    def _explain(self, known: _Known, rng: random.Random) -> tuple[Action, str]:
+        action = known.action if rng.random() >= self.p_wrong else self._wrong(known, rng)
+        task = known.instruction.rstrip(".")
+        where = rng.choice([f"The {known.app} app is open." if known.app and known.app != "Home"
+                            else "I am on the home screen.",
+                            f"Current screen: {known.app or 'home'}.",
+                            ""])
+        goal = rng.choice([f"The task: {task}.", f"I need to: {task[0].lower() + task[1:]}.",
+                           f"Goal — {task}."])
+        n = action.name
+        if n in (A.TAP, A.LONG_PRESS):
+            label = self._label(known, action.element)
+            verb = "tap" if n == A.TAP else "long-press"
+            why = rng.choice([f"'{label}' is the next thing to use, so I {verb} it.",
+                              f"To move forward I {verb} '{label}' at {list(action.element or ())}.",
+                              f"The element '{label}' leads toward the goal; {verb} it."])
+        elif n == A.TYPE:
+            why = rng.choice([f"The input field is focused, so I type \"{action.text}\".",
+                              f"Now I enter the text \"{action.text}\" into the field."])
+        elif n == A.SWIPE:
+            why = rng.choice(["What I need is not on screen yet, so I scroll to see more.",
+                              f"I swipe {action.direction} to reveal more of the list."])
+        elif n == A.LAUNCH:
+            why = rng.choice([f"I need the {action.app} app, so I launch it.",
+                              f"First open {action.app}."])
+        elif n == A.BACK:
+            why = rng.choice(["I go back to the previous screen.", "Back closes this and returns me."])
+        elif n == A.HOME:
+            why = "I return to the home screen."
+        elif n == A.WAIT:
+            why = rng.choice(["The screen is still loading; I wait.", "Waiting for the content to load."])
+        else:
+            why = (f"The answer is on screen: {action.message}." if action.message
+                   else rng.choice(["Everything the task asked for is done.", "The task is complete."]))
+        return action, " ".join(p for p in (where, goal, why) if p)
+
+
+def expert_steps(trajectories: Sequence[Any]) -> list[ExpertStep]:
+    """Expert steps of (successful) trajectories in :class:`mobilerl.data.schema.Trajectory` form; the
+    history of each step is the expert's previous responses, as the prompt format shows them."""
+    out: list[ExpertStep] = []
+    for t in trajectories:
+        if not t.success:
+            continue
+        history: list[str] = []
+        for s in t.steps:
+            if s.action is None:
+                continue
+            action = Action.from_dict(s.action)
+            out.append(ExpertStep(f"{t.task_id}#{t.trial}/{s.index}", t.instruction, list(history),
+                                  s.xml_compressed, s.app, action, s.screenshot_path))
+            history.append(render_response(action))
+    return out

@@ -1,0 +1,92 @@
+"""Reasoning SFT data: matching, the simulator teacher, bootstrap filtering, refinement selection."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mobilerl.agent import OraclePolicy
+from mobilerl.env.actions import Action, parse_action
+from mobilerl.env.sim.tasks import get_task
+from mobilerl.eval import evaluate_sync
+from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig
+from mobilerl.sft.reasoning import (
+    SimTeacher,
+    actions_match,
+    bootstrap_select,
+    expert_steps,
+    propose,
+    refine_select,
+)
+
+
+@pytest.fixture(scope="module")
+def steps():
+    tasks = [get_task(f"world/train/{n}/0", with_optimal=False)
+             for n in ("ContactsAddContact", "ContactsEmailLookup", "ContactsDeleteContact")]
+    trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, perturb="none", progress=False)
+    assert all(t.success for t in trajs)
+    return expert_steps(trajs)
+
+
+def test_actions_match():
+    tap = Action("Tap", element=(1, 2, 3, 4))
+    assert actions_match(tap, Action("Tap", element=(1, 2, 3, 4)))
+    assert not actions_match(tap, Action("Tap", element=(1, 2, 3, 5)))
+    assert not actions_match(tap, Action("Long Press", element=(1, 2, 3, 4)))
+    assert actions_match(Action("Launch", app="contacts"), Action("Launch", app="Contacts"))
+    assert actions_match(Action("Finish", message="A@b.com."), Action("Finish", message="a@b.com"))
+    assert not actions_match(Action("Type", text="Ada"), Action("Type", text="ada"))
+
+
+def test_teacher_explains_and_sometimes_argues_wrong(steps):
+    teacher = SimTeacher(p_wrong=0.3)
+    for st in steps:
+        teacher.register(st)
+    cands = asyncio.run(propose(teacher, steps, k=6, sampling=SamplingConfig(temperature=1.0, seed=7)))
+    flat = [c for cs in cands for c in cs]
+    assert all("<think>" in c.text and "<answer>" in c.text for c in flat)
+    assert all(c.action is not None for c in flat)  # the teacher's outputs always parse
+    share = sum(c.accepted for c in flat) / len(flat)
+    assert 0.5 < share < 0.9  # p_wrong = 0.3 of the proposals argue for another action
+    chosen, stats = bootstrap_select(steps, cands)
+    assert stats.acceptance_rate > 0.9 and stats.candidates == 6 * len(steps)
+    for st in steps:  # every kept explanation ends in the expert's action
+        if st.step_id in chosen:
+            assert actions_match(parse_action(chosen[st.step_id]), st.action)
+    tap_steps = [st for st in steps if st.action.name == "Tap"]
+    texts = " ".join(chosen[st.step_id] for st in tap_steps if st.step_id in chosen)
+    assert "Create contact" in texts  # it names the element it taps, read off the screen
+    # same seed, same proposals
+    again = asyncio.run(propose(teacher, steps, k=6, sampling=SamplingConfig(temperature=1.0, seed=7)))
+    assert [c.text for cs in again for c in cs] == [c.text for c in flat]
+    with pytest.raises(KeyError, match="register"):
+        asyncio.run(SimTeacher().generate([ChatRequest(steps[0].messages())], SamplingConfig(seed=0)))
+
+
+class _Scorer:
+    """A policy stand-in whose score prefers longer explanations; proposes the expert action twice."""
+
+    def __init__(self, steps):
+        self.by_prompt = {st.messages()[1]["content"]: st for st in steps}
+
+    async def generate(self, requests, sampling):
+        st = self.by_prompt[requests[0].messages[1]["content"]]
+        call = str(st.action)
+        texts = [f"<think>short</think><answer>{call}</answer>",
+                 f"<think>a much longer explanation</think><answer>{call}</answer>",
+                 "<answer>do(action=\"Back\")</answer>", "garbage"]
+        return [Generation(texts[i % 4], [], [], "stop") for i in range(len(requests))]
+
+    async def score(self, request, completion, *, temperature=1.0):
+        return [-1.0 / len(completion)] * 3
+
+
+def test_refinement_keeps_the_best_scored_explanation(steps):
+    policy = _Scorer(steps)
+    cands = asyncio.run(propose(policy, steps, k=4, sampling=SamplingConfig(seed=1)))
+    current = {st.step_id: "<think>old</think><answer>x</answer>" for st in steps}
+    updated, stats = asyncio.run(refine_select(policy, steps, cands, current, round_no=1))
+    assert stats.round == 1 and stats.acceptance_rate == 1.0 and stats.parse_failures == len(steps)
+    assert all("much longer" in updated[st.step_id] for st in steps)
