@@ -10,4 +10,5 @@ COPY constraints.txt /tmp/constraints.txt
 RUN pip install --upgrade pip && pip install -c /tmp/constraints.txt "vllm==0.28.0"
 EXPOSE 8000
 ENTRYPOINT ["vllm", "serve"]
-CMD ["/models/policy", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "policy"]
+# processed logprobs = log_softmax(logits / T): the definition every generation backend uses
+CMD ["/models/policy", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "policy", "--logprobs-mode", "processed_logprobs"]

@@ -39,12 +39,14 @@ OFFLINE_ENV = {
 
 
 def stage_order(repo_dir: Path = ROOT, targets: list[str] | None = None) -> list[str]:
-    """dvc.yaml's stages in an order DVC would run them (dependencies first, file order on ties)."""
+    """dvc.yaml's stages in an order DVC would run them (dependencies first, file order on ties).
+    Frozen stages (released artifacts such as the pretrained tiny base) are rebuilt on purpose only:
+    ``dvc unfreeze <stage> && dvc repro <stage>``; the flow leaves them out."""
     import networkx as nx
     from dvc.repo import Repo
 
     with Repo(str(repo_dir)) as repo:
-        stages = [s for s in repo.index.stages if getattr(s, "cmd", None)]
+        stages = [s for s in repo.index.stages if getattr(s, "cmd", None) and not getattr(s, "frozen", False)]
         position = {s.name: i for i, s in enumerate(stages)}
         graph = repo.index.graph  # edge: stage -> a stage it depends on
         order = [s.name for s in nx.lexicographical_topological_sort(

@@ -271,13 +271,24 @@ def ssn_ok(d: str) -> bool:
     return len(d) == 9 and d[:3] not in ("000", "666") and d[0] != "9" and d[3:5] != "00" and d[5:] != "0000"
 
 
-_CARD_PREFIX = re.compile(r"^(?:4|5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)|3[47]|3(?:0[0-5]|[689])|6(?:011|4[4-9]|5|2)|35)")
+# issuer prefix -> allowed lengths
+_CARD_RANGES = (
+    (re.compile(r"^4"), (13, 16, 19)),  # Visa
+    (re.compile(r"^(?:5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720))"), (16,)),  # Mastercard
+    (re.compile(r"^3[47]"), (15,)),  # Amex
+    (re.compile(r"^3(?:0[0-5]|[689])"), (14, 16)),  # Diners
+    (re.compile(r"^35(?:2[89]|[3-8]\d)"), (16, 17, 18, 19)),  # JCB
+    (re.compile(r"^6(?:011|4[4-9]|5)"), (16, 17, 18, 19)),  # Discover
+    (re.compile(r"^62"), (16, 17, 18, 19)),  # UnionPay
+    (re.compile(r"^(?:50|5[6-9]|6[0-9])"), (16, 19)),  # Maestro
+)
 
 
 def card_ok(d: str) -> bool:
-    if not 13 <= len(d) <= 19 or not _CARD_PREFIX.match(d):
+    """A payment card number: issuer prefix, a length that issuer uses, Luhn."""
+    if not 13 <= len(d) <= 19:
         return False
-    if d[0] in "34" and d[:2] in ("34", "37") and len(d) != 15:
+    if not any(rx.match(d) and len(d) in lengths for rx, lengths in _CARD_RANGES):
         return False
     return luhn_ok(d)
 
@@ -292,7 +303,7 @@ _XMLBREAK = r";\[\d+,\d+\]\[\d+,\d+\]\s*\n(?:\[\d+\]\s*)?[A-Za-z.$]*;[a-z\- ]*;"
 _FILL = (
     r"(?:[\s:：#№=\-–—()（）\"'“”「」]|(?i:\b(?:no|nr|num|number|numbers|id|is|was|ref|reference|code|"
     r"of|the|your|my|his|her|our|a|an|and|on|via|with|number\s+is)\b\.?)|号码|号|编号|码|为|是|：|"
-    r"(?i:numéro|número|nummer|n°|nº)|" + _XMLBREAK + r"){0,12}?"
+    r"(?i:numéro|número|nummer|n\.?°|n\.?º)|番号|番號|번호|" + _XMLBREAK + r"){0,12}?"
 )
 
 
@@ -310,7 +321,7 @@ _KW_PASSPORT = (r"(?i:\b(?:passport|passeport|reisepass|pass-nr|pasaporte|passap
                 r"passaporte|паспорт)\b\.?)|护照|護照|旅券|여권")
 _KW_NATID = (r"(?i:\b(?:ssn|social\s+security|national\s+id|national\s+insurance|nino|id\s+card|"
              r"identity\s+card|id\s+number|identification\s+number|personalausweis|ausweis|steuer-id|"
-             r"idnr|dni|nie|nif|cpf|aadhaar|aadhar|pan|my\s+number|rrn|carte\s+d'identité|insee|nir|"
+             r"steuerliche\s+identifikationsnummer|identifikationsnummer|steuernummer|idnr|dni|nie|nif|cpf|aadhaar|aadhar|pan|my\s+number|rrn|carte\s+d'identité|insee|nir|"
              r"codice\s+fiscale|tax\s+id|tin)\b\.?)|身份证|身份證|居民身份证|マイナンバー|個人番号|주민등록번호")
 _KW_PLATE = (r"(?i:\b(?:plate|license\s+plate|licence\s+plate|number\s+plate|registration|reg|"
              r"kennzeichen|immatriculation|plaque|matrícula|matricula|targa|kenteken)\b\.?)|车牌|車牌|"
@@ -322,11 +333,10 @@ _KW_TRACK = (r"(?i:\b(?:tracking|track|trace|shipment|parcel|package|waybill|awb
 _KW_ORDER = (r"(?i:\b(?:order|orders|order\s+id|purchase|invoice|receipt|booking|reservation|"
              r"confirmation|bestellnummer|bestellung|commande|pedido|ordine|factura|rechnung)\b\.?)|"
              r"订单|訂單|订单号|注文番号|注文|주문번호")
-_KW_SOCIAL = (r"(?i:\b(?:wechat|weixin|wechat\s+id|qq|telegram|line\s+id|line|discord|skype|snapchat|"
-              r"kik|signal|instagram|insta|twitter|tiktok|facebook|weibo|douyin|xiaohongshu|threads|"
-              r"mastodon|username|user\s+name|handle)\b\.?)|微信号?|微信|QQ号|抖音号?|微博|小红书号?")
+_KW_SOCIAL = (r"(?i:\b(?:wechat|weixin|wechat\s+id|qq|telegram|line\s+id|discord|skype|snapchat|"
+              r"instagram|insta|twitter|tiktok|facebook|weibo|douyin|xiaohongshu|mastodon|username|"
+              r"user\s+name)\b\.?)|微信号?|微信|QQ号|抖音号?|微博|小红书号?")
 
-_SEP = r"[ \-]"
 # values after context words
 _V_DIGITS = r"\+?\d(?:[\d\s\-./]{4,28}\d)"  # 6+ digits possibly grouped
 _V_ALNUM = r"#?(?=[A-Z0-9\-]*\d)[A-Z0-9](?:[A-Z0-9\-]{3,30}[A-Z0-9])"
@@ -349,14 +359,15 @@ _HANDLE_STOP = {"everyone", "here", "channel", "all", "media", "import", "overri
 
 # A phone-number candidate: digit groups with single separators, optional +CC and (area).
 _PHONE_RE = re.compile(
-    r"(?<![\w+$€£¥₹.,/\\\-])(?:\+\d{1,3}[ .\-]?)?(?:\(\d{1,5}\)[ .\-]?)?\d{1,6}(?:[ .\-]\d{1,6}){0,6}"
+    r"(?<![\w+$€£¥₹.,/\\\-])(?:\+\d{1,3}[ .\-]?)?(?:\(\d{1,5}\)[ .\-]?)?\d{1,12}(?:[ .\-]\d{1,8}){0,6}"
     r"(?![\w%])(?!\.\d)(?!,\d)"
 )
-_DATE_LIKE = re.compile(r"^(?:\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4})(?:\D|$)")
-_IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
+_DATE_LIKE = re.compile(r"^(?:\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4})(?: \d{1,2})?$")
+_IPV4 = re.compile(r"^(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$")
 _THOUSANDS = re.compile(r"^\d{1,3}(?:([ .])\d{3})+$")
-PHONE_REGIONS = ("US", "GB", "FR", "DE", "CN", "JP", "IN", "BR", "ES", "IT", "KR", "AU", "MX", "NL", "RU",
-                 "CA", "SG", "HK", "TW", "CH", "SE", "PL", "TR", "ZA", "NG", "AE", "PH", "ID")
+# National (no +) numbers are tried in these regions; with a phone context word in the wider list too.
+PHONE_REGIONS = ("US", "GB", "FR", "DE", "CN", "JP", "IN", "BR", "ES", "IT", "KR", "AU", "MX", "NL", "RU", "CA")
+PHONE_REGIONS_CTX = (*PHONE_REGIONS, "SG", "HK", "TW", "CH", "SE", "PL", "TR", "ZA", "NG", "AE", "PH", "ID")
 _TRUNK0_REGIONS = ("GB", "FR", "DE", "IT", "ES", "NL", "AU", "JP", "KR", "IN", "CN", "BR", "TR", "ZA", "NG",
                    "CH", "SE", "PL", "RU", "PH", "ID")
 
@@ -368,18 +379,11 @@ class _Rule:
     pattern: re.Pattern[str]
     priority: int
     check: object = None  # callable(str) -> bool on the value group
+    gate: str = "digits"  # cheap precondition on the text (see _gates)
 
 
 def _digits(s: str) -> str:
     return re.sub(r"\D", "", s)
-
-
-def _d(fn):  # validator on the digits of a value
-    return lambda v: fn(_digits(v))
-
-
-def _min_digits(n: int):
-    return lambda v: len(_digits(v)) >= n
 
 
 def _card_value(v: str) -> bool:
@@ -460,11 +464,11 @@ RULES: tuple[_Rule, ...] = (
     # ---- strongly validated formats (no context needed)
     _Rule("email", EMAIL, re.compile(
         r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9](?:[A-Za-z0-9._%+\-]{0,63})@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}"
-        r"[A-Za-z0-9])?\.)+(?P<tld>[A-Za-z]{2,24})(?![A-Za-z0-9\-])"), 85),
+        r"[A-Za-z0-9])?\.)+(?P<tld>[A-Za-z]{2,24})(?![A-Za-z0-9\-])"), 85, gate="at"),
     _Rule("iban", BANK_ACCOUNT, re.compile(
         _NB + r"(?P<v>[A-Z]{2}\d{2}(?: ?[A-Z0-9]){10,30})" + _NA), 95, _iban),
     _Rule("card", BANK_ACCOUNT, re.compile(
-        r"(?<![\d\-.,])(?P<v>\d(?:[ \-]?\d){12,18})(?![\d\-.,]\d)"), 90, _card_value),
+        r"(?<![\d\-.,+])(?P<v>\d(?:[ \-]?\d){12,18})(?![\d\-.,]\d)"), 90, _card_value),
     _Rule("cn_id", NATIONAL_ID, re.compile(
         _NB + r"(?P<v>[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx])" + _NA),
         96, _cn_id),
@@ -479,40 +483,41 @@ RULES: tuple[_Rule, ...] = (
     _Rule("uk_nino", NATIONAL_ID, re.compile(
         _NB + r"(?P<v>[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D])" + _NA), 88, _nino),
     _Rule("us_ssn", NATIONAL_ID, re.compile(r"(?<![\d\-])(?P<v>\d{3}-\d{2}-\d{4})(?![\d\-])"), 88, _ssn),
-    _Rule("aadhaar", NATIONAL_ID, re.compile(r"(?<![\d ])(?P<v>[2-9]\d{3} \d{4} \d{4})(?![\d]| \d)"), 86, _aadhaar),
+    _Rule("aadhaar", NATIONAL_ID, re.compile(r"(?<!\d)(?<!\d )(?P<v>[2-9]\d{3} \d{4} \d{4})(?![\d]| \d)"), 86, _aadhaar),
     _Rule("mrz", PASSPORT, re.compile(
         r"(?P<v>[A-Z0-9<]{9}\d[A-Z<]{3}\d{6}\d[MFX<]\d{6}\d[A-Z0-9<]{14}[\d<]\d)"), 97, _mrz_line2),
-    _Rule("mrz1", PASSPORT, re.compile(r"(?P<v>P[A-Z<][A-Z<]{3}[A-Z]+<<[A-Z<]{5,39})"), 97),
+    _Rule("mrz1", PASSPORT, re.compile(r"(?P<v>P[A-Z<][A-Z<]{3}[A-Z]+<<[A-Z<]{5,39})"), 97, gate="mrz"),
     _Rule("cn_plate", VEHICLE_PLATE, re.compile(
-        r"(?P<v>[" + _CN_PROV + r"][A-HJ-NP-Z][·• ]?[A-HJ-NP-Z0-9]{4,5}[A-HJ-NP-Z0-9挂学警港澳])" + _NA), 90),
+        r"(?P<v>[" + _CN_PROV + r"][A-HJ-NP-Z][·• ]?[A-HJ-NP-Z0-9]{4,5}[A-HJ-NP-Z0-9挂学警港澳])" + _NA), 90, gate="prov"),
     _Rule("fr_plate", VEHICLE_PLATE, re.compile(
         _NB + r"(?P<v>[A-HJ-NP-TV-Z]{2}-\d{3}-[A-HJ-NP-TV-Z]{2})" + _NA), 88),
     _Rule("uk_plate", VEHICLE_PLATE, re.compile(
         _NB + r"(?P<v>[A-HJ-PR-Y][A-HJ-PR-Y](?:0[2-9]|[1-7]\d) [A-HJ-PR-Z]{3})" + _NA), 84),
     _Rule("de_plate", VEHICLE_PLATE, re.compile(
         r"(?<![A-Za-zÄÖÜäöü0-9\-])(?P<v>[A-ZÄÖÜ]{1,3}-[A-Z]{1,2} ?[1-9]\d{0,3}[EH]?)" + _NA), 84),
-    _Rule("ups", TRACKING_NUMBER, re.compile(_NB + r"(?P<v>1Z ?[0-9A-Z]{6} ?[0-9A-Z]{2} ?[0-9A-Z]{8})" + _NA), 93),
+    _Rule("ups", TRACKING_NUMBER, re.compile(_NB + r"(?P<v>1Z ?[0-9A-Z]{6} ?[0-9A-Z]{2} ?[0-9A-Z]{8})" + _NA), 93,
+          gate="ups"),
     _Rule("s10", TRACKING_NUMBER, re.compile(_NB + r"(?P<v>[A-Z]{2}\d{9}[A-Z]{2})" + _NA), 90, _s10),
     _Rule("imbp", TRACKING_NUMBER, re.compile(
-        r"(?<![\d ])(?P<v>9[2-5]\d{2}(?: ?\d{4}){3,4} ?\d{2,4})(?![\d])"), 91, _imbp),
+        r"(?<!\d)(?<!\d )(?P<v>9[2-5]\d{2}(?: ?\d{4}){3,4} ?\d{2,4})(?![\d])"), 91, _imbp),
     _Rule("prefixed_tracking", TRACKING_NUMBER, re.compile(
         _NB + r"(?P<v>(?:SF\d{12,13}|YT\d{13,16}|JT\d{13}|TBA\d{12}|JD\d{15}|ZTO\d{12,14}))" + _NA), 91),
     _Rule("amazon_order", ORDER_NUMBER, re.compile(r"(?<![\d\-])(?P<v>\d{3}-\d{7}-\d{7})(?![\d\-])"), 92),
     _Rule("social_url", SOCIAL_ACCOUNT, re.compile(
-        r"(?i)(?P<v>(?:https?://)?(?:www\.|m\.)?" + SOCIAL_SITES + r"/@?[A-Za-z0-9_.\-]{2,60})"), 89),
+        r"(?i)(?P<v>(?:https?://)?(?:www\.|m\.)?" + SOCIAL_SITES + r"/@?[A-Za-z0-9_.\-]{2,60})"), 89, gate="url"),
     _Rule("handle", SOCIAL_ACCOUNT, re.compile(
         r"(?<![A-Za-z0-9._%+\-@/=])(?P<v>@[A-Za-z0-9_](?:[A-Za-z0-9_.]{1,29})(?<!\.))(?![A-Za-z0-9_@\-])"), 70,
-        _social_value),
-    _Rule("discord", SOCIAL_ACCOUNT, re.compile(_NB + r"(?P<v>[A-Za-z][A-Za-z0-9_.]{1,31}#\d{4})" + _NA), 75),
+        _social_value, gate="at"),
+    _Rule("discord", SOCIAL_ACCOUNT, re.compile(_NB + r"(?P<v>[A-Za-z][A-Za-z0-9_.]{1,31}#\d{4})" + _NA), 75, gate="hash"),
     # ---- context word + value
-    _Rule("ctx_passport", PASSPORT, _ctx(_KW_PASSPORT, _V_PASSPORT), 80),
-    _Rule("ctx_natid", NATIONAL_ID, _ctx(_KW_NATID, r"(?:" + _V_ALNUM + r"|" + _V_DIGITS + r")"), 78, _ctx_natid),
-    _Rule("ctx_tracking", TRACKING_NUMBER, _ctx(_KW_TRACK, _V_ALNUM + r"|\d[\d ]{6,34}\d"), 82, _ctx_tracking),
-    _Rule("ctx_order", ORDER_NUMBER, _ctx(_KW_ORDER, _V_ALNUM + r"|#?\d[\d ]{3,30}\d"), 79, _ctx_order),
-    _Rule("ctx_plate", VEHICLE_PLATE, _ctx(_KW_PLATE, _V_PLATE), 77, _plate_value),
-    _Rule("ctx_bank", BANK_ACCOUNT, _ctx(_KW_BANK, r"\d[\d \-]{4,30}\d"), 76, _ctx_account),
-    _Rule("ctx_social", SOCIAL_ACCOUNT, _ctx(_KW_SOCIAL, _V_SOCIAL), 72, _social_value),
-    _Rule("ctx_phone", PHONE, _ctx(_KW_PHONE, r"\+?\(?\d[\d\s().\-]{5,22}\d"), 74, _ctx_phone),
+    _Rule("ctx_passport", PASSPORT, _ctx(_KW_PASSPORT, _V_PASSPORT), 80, gate="kw"),
+    _Rule("ctx_natid", NATIONAL_ID, _ctx(_KW_NATID, r"(?:" + _V_ALNUM + r"|" + _V_DIGITS + r")"), 78, _ctx_natid, gate="kw"),
+    _Rule("ctx_tracking", TRACKING_NUMBER, _ctx(_KW_TRACK, _V_ALNUM + r"|\d[\d ]{6,34}\d"), 92, _ctx_tracking, gate="kw"),
+    _Rule("ctx_order", ORDER_NUMBER, _ctx(_KW_ORDER, _V_ALNUM + r"|#?\d[\d ]{3,30}\d"), 91, _ctx_order, gate="kw"),
+    _Rule("ctx_plate", VEHICLE_PLATE, _ctx(_KW_PLATE, _V_PLATE), 77, _plate_value, gate="kw"),
+    _Rule("ctx_bank", BANK_ACCOUNT, _ctx(_KW_BANK, r"\d[\d \-]{4,30}\d"), 76, _ctx_account, gate="kw"),
+    _Rule("ctx_social", SOCIAL_ACCOUNT, _ctx(_KW_SOCIAL, _V_SOCIAL), 72, _social_value, gate="kw"),
+    _Rule("ctx_phone", PHONE, _ctx(_KW_PHONE, r"\+?\(?\d[\d\s().\-]{5,22}\d"), 74, _ctx_phone, gate="kw"),
 )
 
 
@@ -524,6 +529,14 @@ def _phone_parse(s: str, region: str | None) -> bool:
     return phonenumbers.is_valid_number(num)
 
 
+def _phone_possible(s: str, region: str | None) -> bool:
+    try:
+        num = phonenumbers.parse(s, region)
+    except phonenumbers.NumberParseException:
+        return False
+    return phonenumbers.is_possible_number(num)
+
+
 @lru_cache(maxsize=65536)
 def _phone_value_ok(s: str, context: bool = False) -> bool:
     """Whether the candidate ``s`` is a valid phone number (``context``: a phone word precedes it)."""
@@ -533,8 +546,17 @@ def _phone_value_ok(s: str, context: bool = False) -> bool:
     if _THOUSANDS.match(s) and not context:
         return False
     if s.startswith("+"):
-        return _phone_parse(s, None)
-    formatted = bool(re.search(r"[ .\-()]", s))
+        # +CC numbers: valid per the metadata, or of a possible length for the country when grouped like a
+        # phone number (ranges not (yet) in the metadata are still phone numbers to a reader)
+        if _phone_parse(s, None):
+            return True
+        return len(re.findall(r"\d+", s)) >= 2 and len(d) >= 8 and _phone_possible(s, None)
+    groups = re.findall(r"\d+", s)
+    if "." in s and not re.search(r"[ \-()]", s) and len(groups) <= 2 and not s.startswith("0"):
+        return False  # a decimal number (amount, coordinate)
+    formatted = len(groups) > 1 or "(" in s
+    if formatted and not context and len(d) < 9 and len(groups) < 3:
+        return False  # a short local number without area code: needs a context word
     if not formatted and not context:
         # Bare digit runs are ambiguous (ids, timestamps, amounts): only CN mobiles and trunk-prefixed
         # national numbers of 10-11 digits count without a context word.
@@ -545,16 +567,24 @@ def _phone_value_ok(s: str, context: bool = False) -> bool:
         return False
     if d.startswith("00") and len(d) > 9:  # 00 + country code
         return _phone_parse("+" + d[2:], None)
-    return any(_phone_parse(s, r) for r in PHONE_REGIONS)
+    regions = PHONE_REGIONS_CTX if context else PHONE_REGIONS
+    if any(_phone_parse(s, r) for r in regions):
+        return True
+    return context and formatted and len(d) >= 8 and any(_phone_possible(s, r) for r in PHONE_REGIONS)
 
 
-def _phone_spans(text: str) -> Iterable[Span]:
+def _phone_spans(text: str, claimed: list[Span] = ()) -> Iterable[Span]:  # type: ignore[assignment]
     for m in _PHONE_RE.finditer(text):
         s = m.group(0)
         if sum(c.isdigit() for c in s) < 7:
             continue
+        # a number already claimed by a validated rule (card, IBAN, ID...) is not a phone candidate
+        if any(m.start() < o.end and o.start < m.end() for o in claimed):
+            continue
         # A trailing group may not belong to the number ("0134 2 items"): retry without it.
         cand = s
+        if _DATE_LIKE.match(s) or _IPV4.match(s) or _THOUSANDS.match(s):
+            continue
         for _ in range(3):
             if _phone_value_ok(cand):
                 start = m.start()
@@ -568,42 +598,94 @@ def _phone_spans(text: str) -> Iterable[Span]:
                 break
 
 
+_KW_BY_CATEGORY = {
+    PASSPORT: _KW_PASSPORT, NATIONAL_ID: _KW_NATID, TRACKING_NUMBER: _KW_TRACK, ORDER_NUMBER: _KW_ORDER,
+    VEHICLE_PLATE: _KW_PLATE, BANK_ACCOUNT: _KW_BANK, SOCIAL_ACCOUNT: _KW_SOCIAL, PHONE: _KW_PHONE,
+}
+
+
+def _needles(kw: str) -> tuple[str, ...]:
+    """Lower-case literals whose presence is necessary for a keyword regex to match (first words)."""
+    body = kw.replace("(?i:\\b(?:", "").replace(")\\b\\.?)", "")
+    out = set()
+    for alt in body.split("|"):
+        alt = alt.replace("\\s+", " ").replace("\\b", "").replace("\\.?", "")
+        alt = re.sub(r".\?", "", alt).strip("()")
+        if alt:
+            out.add(alt.split(" ")[0].lower())
+    return tuple(sorted(out))
+
+
+_NEEDLES = {c: _needles(kw) for c, kw in _KW_BY_CATEGORY.items()}
+_DIGIT2 = re.compile(r"\d\d")
+_PROV = re.compile("[" + _CN_PROV + "]")
+_URL = re.compile(r"(?i)\.(?:com|me|net|social)/")
+_PHONE_GATE = re.compile(r"(?:\d[^\d\n]{0,3}){7}")
+
+
+def _gates(text: str) -> set[str]:
+    g: set[str] = set()
+    if _DIGIT2.search(text):
+        g.add("digits")
+    if "@" in text:
+        g.add("at")
+    if "#" in text:
+        g.add("hash")
+    if "P<" in text:
+        g.add("mrz")
+    if "1Z" in text:
+        g.add("ups")
+    if _PROV.search(text):
+        g.add("prov")
+    if "/" in text and _URL.search(text):
+        g.add("url")
+    low = text.lower()
+    for cat, needles in _NEEDLES.items():
+        for n in needles:
+            if n in low:
+                g.add("kw:" + cat)
+                break
+    return g
+
+
+_RULES_BY_GATE: dict[str, list[_Rule]] = {}
+for _r in RULES:
+    _RULES_BY_GATE.setdefault("kw:" + _r.category if _r.gate == "kw" else _r.gate, []).append(_r)
+
+
 def _rule_spans(text: str, categories: frozenset[str]) -> list[tuple[int, Span]]:
     out: list[tuple[int, Span]] = []
-    for rule in RULES:
-        if rule.category not in categories:
-            continue
-        for m in rule.pattern.finditer(text):
-            if "v" in rule.pattern.groupindex and m.group("v") is not None:
-                start, end = m.span("v")
-            else:
-                start, end = m.span()
-            value = text[start:end]
-            if rule.name == "email" and m.group("tld").lower() in _NOT_EMAIL_TLD:
-                continue
-            # values after context words: trim trailing separators
-            stripped = value.rstrip(" -./")
-            end -= len(value) - len(stripped)
-            value = stripped
-            if rule.check is not None and not rule.check(value):  # type: ignore[operator]
-                continue
-            out.append((rule.priority, Span(start, end, rule.category, rule.name)))
-    if PHONE in categories:
-        out.extend((60, sp) for sp in _phone_spans(text))
+    gates = _gates(text)
+    if not gates:
+        return out
+    for gate in gates:
+        for rule in _RULES_BY_GATE.get(gate, ()):
+            if rule.category in categories:
+                _apply(rule, text, out)
+    if PHONE in categories and "digits" in gates and _PHONE_GATE.search(text):
+        claimed = [o for _, o in out]
+        out.extend((60, sp) for sp in _phone_spans(text, claimed))
     return out
 
 
-_QUICK = re.compile(r"[0-9@]|[" + _CN_PROV + r"]")
+def _apply(rule: _Rule, text: str, out: list[tuple[int, Span]]) -> None:
+    has_v = "v" in rule.pattern.groupindex
+    for m in rule.pattern.finditer(text):
+        if has_v and m.group("v") is not None:
+            start, end = m.span("v")
+        else:
+            start, end = m.span()
+        value = text[start:end]
+        if rule.name == "email" and m.group("tld").lower() in _NOT_EMAIL_TLD:
+            continue
+        stripped = value.rstrip(" -./")  # values after context words: no trailing separators
+        end -= len(value) - len(stripped)
+        if rule.check is not None and not rule.check(stripped):  # type: ignore[operator]
+            continue
+        out.append((rule.priority, Span(start, end, rule.category, rule.name)))
 
 
-def detect(text: str, categories: Iterable[str] | None = None) -> list[Span]:
-    """Non-overlapping personal-data spans of ``text``, sorted by position."""
-    if not text or _QUICK.search(text) is None:
-        return []
-    cats = frozenset(CATEGORIES if categories is None else categories)
-    cands = _rule_spans(text, cats)
-    if not cands:
-        return []
+def _resolve(cands: list[tuple[int, Span]]) -> list[Span]:
     cands.sort(key=lambda ps: (-ps[0], -(ps[1].end - ps[1].start), ps[1].start))
     taken: list[Span] = []
     for _, sp in cands:
@@ -614,6 +696,64 @@ def detect(text: str, categories: Iterable[str] | None = None) -> list[Span]:
         taken.append(sp)
     taken.sort(key=lambda s: s.start)
     return taken
+
+
+_BOUNDS_TAIL = re.compile(r";\[-?\d+,-?\d+\]\[-?\d+,-?\d+\]\s*$")
+# A line worth a look: two digits in a row, an @, a CN province character, a URL path, a '#', or 'P<'.
+_HOT = re.compile(r"\d\d|@|#|P<|1Z|[" + _CN_PROV + r"]|(?i:\.(?:com|me|net|social)/)")
+# Social-account words: their value may have no digit at all, so the line after them is looked at too.
+_HOT_NEXT = re.compile(r"(?i:wechat|weixin|telegram|user\s*name|qq|instagram|twitter|tiktok|facebook|weibo|"
+                       r"douyin|discord|skype|snapchat|line\s+id)|微信|微博|抖音|小红书")
+_BLOCK_MIN = 256
+
+
+def detect(text: str, categories: Iterable[str] | None = None) -> list[Span]:
+    """Non-overlapping personal-data spans of ``text``, sorted by position.
+
+    Long multi-line texts (UI dumps) are scanned in blocks: only lines whose label holds two digits in a
+    row, an ``@``, a ``#``, a URL path or a CN province character, each with the line before it (where a
+    label such as ``Passport No.`` sits), and the line after a social-network word (ids may have no
+    digit), go through the rules. Every rule needs one of those, so this finds the same spans as scanning
+    the whole text, many times faster.
+    """
+    if not text:
+        return []
+    cats = frozenset(CATEGORIES if categories is None else categories)
+    if len(text) < _BLOCK_MIN or "\n" not in text:
+        return _resolve(_rule_spans(text, cats))
+    lines = text.split("\n")
+    starts = []
+    pos = 0
+    for line in lines:
+        starts.append(pos)
+        pos += len(line) + 1
+    hot = [False] * len(lines)
+    for i, line in enumerate(lines):
+        m = _BOUNDS_TAIL.search(line)
+        label = line[: m.start()] if m else line
+        if _HOT.search(label):
+            hot[i] = True
+            if i:
+                hot[i - 1] = True
+        if _HOT_NEXT.search(label):
+            hot[i] = True
+            if i + 1 < len(lines):
+                hot[i + 1] = True
+    cands: list[tuple[int, Span]] = []
+    i = 0
+    while i < len(lines):
+        if not hot[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(lines) and hot[j + 1]:
+            j += 1
+        a = starts[i]
+        b = starts[j] + len(lines[j])
+        for pr, sp in _rule_spans(text[a:b], cats):
+            cands.append((pr, Span(sp.start + a, sp.end + a, sp.category, sp.rule)))
+        i = j + 1
+    return _resolve(cands)
 
 
 # ================================================================================== known values
@@ -716,8 +856,23 @@ class Surrogates:
         self.rng = random.Random(hashlib.sha256(f"surrogate|{seed}".encode()).digest())
         self.forward: dict[tuple[str, str], str] = {}
         self.used: set[str] = set()
-        self.avoid = {a.lower() for a in avoid}
+        self.avoid: set[str] = set()
+        self.avoid_digits: set[str] = set()
+        self.add_avoid(avoid)
         self._name_parts: dict[tuple[str, str], str] = {}  # ("first"/"last", raw) -> fake
+
+    def add_avoid(self, values: Iterable[str]) -> None:
+        for v in values:
+            self.avoid.add(v.lower())
+            d = _digits(v)
+            if len(d) >= 7:
+                self.avoid_digits.add(d[-9:])
+
+    def _ok(self, fake: str, raw: str) -> bool:
+        if fake.lower() in self.avoid or fake in self.used or fake.lower() == raw.lower():
+            return False
+        d = _digits(fake)
+        return len(d) < 7 or d[-9:] not in self.avoid_digits
 
     # -- normalisation: which raw values are "the same"
     @staticmethod
@@ -741,7 +896,7 @@ class Surrogates:
         if fake is None:
             for _ in range(50):
                 fake = self._make(category, raw)
-                if fake.lower() not in self.avoid and fake not in self.used and fake.lower() != raw.lower():
+                if self._ok(fake, raw):
                     break
             else:
                 fake = token(category)
@@ -909,6 +1064,33 @@ class TextMasker:
         self.surrogates = Surrogates(seed, avoid=[*avoid, *self.known])
         self.counts: Counter = Counter()
         self.inverse: dict[str, str] = {}  # surrogate as written -> raw spelling (memory only)
+        self.learned: dict[str, str] = {}  # values detected earlier in the episode (see learn)
+
+    def add_known(self, known: Mapping[str, str]) -> None:
+        """More known values (e.g. content a device generated lazily); surrogates will avoid them too."""
+        new = {k: v for k, v in known.items() if k and k.strip() and k not in self.known}
+        if not new:
+            return
+        self.known.update(new)
+        for k, v in new.items():
+            self._known_all.setdefault(k, v)
+        self.surrogates.add_avoid(new)
+
+    def learn(self, text: str | None) -> None:
+        """Remember every value detected in ``text`` as a known value of the episode, so that it is masked
+        wherever else it appears — also where nothing around it gives it away (a tracking number read in
+        a message with its context and typed or answered bare)."""
+        if not text:
+            return
+        found = {}
+        for sp in detect(text, self.categories):
+            value = text[sp.start:sp.end]
+            if len(value) >= 6 and value not in self._known_all:
+                found[value] = sp.category
+        if found:
+            self.learned.update(found)
+            for k, v in found.items():
+                self._known_all.setdefault(k, v)
 
     def spans(self, text: str) -> list[Span]:
         found = detect(text, self.categories)

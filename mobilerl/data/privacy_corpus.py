@@ -87,6 +87,15 @@ PHONE_REGIONS = ["US", "GB", "DE", "FR", "CN", "IN", "JP", "BR", "ES", "IT", "KR
 
 
 def gen_phone(rng: random.Random) -> tuple[str, str]:
+    if rng.random() < 0.1:  # international, of a possible length but outside the metadata's ranges
+        while True:
+            region = rng.choice(PHONE_REGIONS)
+            cc = phonenumbers.country_code_for_region(region)
+            ex = phonenumbers.example_number_for_type(region, phonenumbers.PhoneNumberType.MOBILE)
+            nsn = str(ex.national_number)[:2] + _digits(rng, len(str(ex.national_number)) - 2, False)
+            num = phonenumbers.parse(f"+{cc}{nsn}", None)
+            if phonenumbers.is_possible_number(num) and not phonenumbers.is_valid_number(num):
+                return phonenumbers.format_number(num, phonenumbers.PhoneNumberFormat.INTERNATIONAL), f"{region}/unlisted"
     region = rng.choice(PHONE_REGIONS)
     ptype = rng.choice([phonenumbers.PhoneNumberType.MOBILE, phonenumbers.PhoneNumberType.FIXED_LINE])
     ex = phonenumbers.example_number_for_type(region, ptype) or phonenumbers.example_number(region)
@@ -108,8 +117,7 @@ def gen_phone(rng: random.Random) -> tuple[str, str]:
         s = phonenumbers.format_number(num, phonenumbers.PhoneNumberFormat.E164)
     else:
         nat = phonenumbers.format_number(num, phonenumbers.PhoneNumberFormat.NATIONAL)
-        s = nat.replace(" ", rng.choice(["-", "."])) if region != "US" else "{}.{}.{}".format(
-            str(num.national_number)[:3], str(num.national_number)[3:6], str(num.national_number)[6:])
+        s = nat.replace(" ", rng.choice(["-", "."])) if region != "US" else f"{str(num.national_number)[:3]}.{str(num.national_number)[3:6]}.{str(num.national_number)[6:]}"
     return s, f"{region}/{fmt}"
 
 
@@ -159,7 +167,8 @@ def gen_passport(rng: random.Random) -> tuple[str, str]:
         cs = "CFGHJKLMNPRTVWXYZ0123456789"
         v = rng.choice("CFGHJK") + "".join(rng.choice(cs) for _ in range(8))
         while sum(c.isdigit() for c in v) < 5:
-            v = v[:-1] + rng.choice(string.digits)
+            i = rng.randrange(1, 9)
+            v = v[:i] + rng.choice(string.digits) + v[i + 1:]
     elif kind == "FR":
         v = _digits(rng, 2, False) + "".join(rng.choice(string.ascii_uppercase) for _ in range(2)) + _digits(rng, 5, False)
     elif kind == "IN":
@@ -451,7 +460,7 @@ def _neg_templates(rng: random.Random) -> list[str]:
         f"Population 1.{d(3)}.{d(3)}", f"{r.randrange(1, 99)} {d(3)} {d(3)} habitants", f"{y}–{y + r.randrange(1, 10)}",
         f"Timestamp {r.randrange(1500000000, 1800000000)}", f"Uploaded {r.randrange(1500000000000, 1800000000000)}",
         f"do(action=\"Tap\", element=[{r.randrange(1000)},{r.randrange(2400)},{r.randrange(1000)},{r.randrange(2400)}])",
-        f"do(action=\"Swipe\", direction=\"up\", dist=\"medium\")", "do(action=\"Launch\", app=\"SMS Messenger\")",
+        "do(action=\"Swipe\", direction=\"up\", dist=\"medium\")", "do(action=\"Launch\", app=\"SMS Messenger\")",
         f"do(action=\"Type\", text=\"{r.choice(['groceries', 'Meeting notes', 'hello world', '42', 'tomorrow 3pm'])}\")",
         f"finish(message=\"{r.randrange(1, 99)}\")", f"TextView;;{r.choice(['Settings', 'Network & internet', 'Display', 'Storage'])};{b()}",
         f"Button;clickable focusable;Save;{b()}", f"EditText;clickable focusable;Search;{b()}",
@@ -460,7 +469,7 @@ def _neg_templates(rng: random.Random) -> list[str]:
         f"Chapter {r.randrange(1, 30)}, verse {r.randrange(1, 50)}", f"{r.randrange(1, 60)} km · {r.randrange(1, 90)} min",
         f"Sort order: {r.choice(['Name', 'Date', 'Size'])}", "Order by date", "In order to continue, tap Next",
         f"{r.randrange(1, 30)} orders this month", f"Track {r.randrange(1, 20)} of {r.randrange(20, 30)}",
-        f"Album · {y} · {r.randrange(8, 20)} tracks", f"Account settings", "Add account",
+        f"Album · {y} · {r.randrange(8, 20)} tracks", "Account settings", "Add account",
         f"Phone storage {r.randrange(1, 128)} GB free", "About phone", f"Call log ({r.randrange(1, 99)})",
         f"Package size {r.randrange(1, 999)} KB", f"WeChat Pay · ¥{r.randrange(1, 999)}.{r.randrange(100):02d}",
         f"ID {r.randrange(1, 999)}", f"Plate {r.randrange(1, 9)}", f"{r.randrange(1, 9)} passports scanned",
@@ -496,8 +505,8 @@ def _sim_negatives(rng: random.Random, n_tasks: int = 40) -> list[str]:
         env = SimEnv(perturb="none")
         obs = env.reset(task)
         agent = OracleAgent(env.tmpl, task.params)  # type: ignore[arg-type]
+        canaries = env.canaries(materialize=True)
         for _ in range(task.max_steps):
-            canaries = env.canaries(materialize=True)
             for line in compress_xml(obs.xml, width=obs.width, height=obs.height).splitlines():
                 if not any(c in line for c in canaries) and not any(c.split()[0] in line for c in canaries if " " in c):
                     lines.add(line)

@@ -35,6 +35,7 @@ class StepRecord:
     then ``invalid`` holds the parser's reason, the env was not stepped, ``effect`` is ``None`` and
     ``changed`` is ``False``. ``xml_compressed`` is the screen the response was produced on (before the
     action). ``latency_s`` is the env's step time, ``policy_latency_s`` the policy's.
+    ``step_instruction`` is the low-level instruction of this step where the data has one (AndroidControl).
     """
 
     index: int
@@ -49,6 +50,7 @@ class StepRecord:
     app: str = ""
     screenshot_path: str | None = None
     logprobs: list[float] | None = None
+    step_instruction: str | None = None  # a per-step (low-level) instruction, where the data has one
 
     @property
     def valid(self) -> bool:
@@ -86,6 +88,8 @@ class Trajectory:
     simulator's perturbations, so every trial of a task meets the same device). ``subgoals`` is the
     per-sub-goal state at the end of the episode (empty when the env did not report it). ``error`` is set
     when the episode was cut short by an env or policy failure (``"env: ..."`` / ``"policy: ..."``).
+    ``source`` names where the episode comes from (``collected``, ``human``, ``androidcontrol``; empty for
+    evaluation rollouts) and ``meta`` holds free-form, JSON-safe metadata (masking counts, origin ids).
     """
 
     task_id: str
@@ -114,11 +118,18 @@ class Trajectory:
     task_seed: int | None = None
     error: str | None = None
     wall_time_s: float = 0.0
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
     def n_steps(self) -> int:
         return len(self.steps)
+
+    @property
+    def episode_id(self) -> str:
+        """``task_id#trial``: unique within one collection."""
+        return f"{self.task_id}#{self.trial}"
 
     @property
     def n_invalid(self) -> int:
@@ -149,6 +160,7 @@ class Trajectory:
         d["tags"] = list(self.tags)
         d["apps"] = list(self.apps)
         d["subgoals"] = list(self.subgoals)
+        d["meta"] = dict(self.meta)
         d["steps"] = [s.to_dict() for s in self.steps]
         return d
 
@@ -173,6 +185,8 @@ class Trajectory:
                     raise ValueError(f"trajectory: {key!r} must be a list")
                 kwargs[key] = list(kwargs[key])
         kwargs["subgoals"] = [bool(v) for v in kwargs.get("subgoals", [])]
+        if not isinstance(kwargs.get("meta", {}), dict):
+            raise ValueError("trajectory: 'meta' must be an object")
         try:
             traj = cls(**kwargs)
         except TypeError as e:

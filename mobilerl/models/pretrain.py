@@ -22,7 +22,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ class TrainConfig:
     log_every: int = 20
     probe_every: int = 250
     probe_items: int = 60  # held-out items per kind for the in-training probe
+    probe_window: int = 0  # > 0: also probe on windows of at most this many lines (keys "win_<kind>")
     save_every_minutes: float = 10.0
     threads: int = 2
     seed: int = 0
@@ -64,11 +65,12 @@ class Profile:
     explore: float = 0.5
     render: float = 0.1  # fraction of train states that keep a screenshot
     probe_per_template: int = 3  # test tasks per template for held-out screens
+    init: str | None = None  # start from this saved model (HF folder) instead of a random init (SFT runs)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
         known = {"model", "data", "train", "vocab_size", "n_train_per_template", "explore", "render",
-                 "probe_per_template"}
+                 "probe_per_template", "init"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown key(s) in the tiny profile: {sorted(unknown)}")
@@ -127,6 +129,34 @@ def collate(encs: Sequence[Encoded], pad_id: int, image_id: int):
     return ids, w, extra
 
 
+def length_bucketed(encs: Iterator[Encoded], batch_tokens: int, rng: random.Random, pool_batches: int = 8
+                    ) -> Iterator[list[Encoded]]:
+    """Batches of similar-length sequences whose padded size (B × max length) stays ≤ ``batch_tokens``.
+
+    A pool of about ``pool_batches`` batches is drawn, sorted by length, cut, and served in random order:
+    little padding, and the curriculum still advances (the pool is small).
+    """
+    while True:
+        pool: list[Encoded] = []
+        n = 0
+        while n < pool_batches * batch_tokens:
+            e = next(encs)
+            pool.append(e)
+            n += len(e.input_ids)
+        pool.sort(key=lambda e: len(e.input_ids))
+        out: list[list[Encoded]] = []
+        cur: list[Encoded] = []
+        for e in pool:
+            if cur and (len(cur) + 1) * len(e.input_ids) > batch_tokens:
+                out.append(cur)
+                cur = []
+            cur.append(e)
+        if cur:
+            out.append(cur)
+        rng.shuffle(out)
+        yield from out
+
+
 def loss_fn(model: Any, ids, w, extra: dict[str, Any]):
     """Weighted next-token CE over positions with weight > 0; returns (loss, answer stats)."""
     import torch
@@ -177,11 +207,18 @@ def prepare_states(profile: Profile, log: Any = print) -> tuple[list[ScreenState
     return train, test
 
 
+TOKENIZER_STATES = 12000  # screens sampled for the tokenizer corpus (all labels recur; minutes → seconds)
+
+
 def make_tokenizer(profile: Profile, train_states: Sequence[ScreenState]):
     from mobilerl.models.pretrain_data import corpus_texts
     from mobilerl.models.tokenizer import train_tokenizer
 
-    return train_tokenizer(corpus_texts(train_states, random.Random(profile.train.seed)), profile.vocab_size)
+    rng = random.Random(profile.train.seed)
+    sample = list(train_states)
+    if len(sample) > TOKENIZER_STATES:
+        sample = rng.sample(sample, TOKENIZER_STATES)
+    return train_tokenizer(corpus_texts(sample, rng), profile.vocab_size)
 
 
 def pretrain(
@@ -212,10 +249,17 @@ def pretrain(
 
         tokenizer = wrap(Tokenizer.from_str(state["tokenizer"]))
         log(f"resuming from {ckpt_path} at step {state['step']}")
+    elif profile.init:
+        _, init_proc = tiny.load(profile.init)
+        tokenizer = init_proc.tokenizer
     elif tokenizer is None:
         tokenizer = make_tokenizer(profile, train_states)
     processor = tiny.build_processor(tokenizer)
-    model = tiny.build_model(profile.model, tokenizer, seed=cfg.seed)
+    if profile.init and state is None:
+        model, _ = tiny.load(profile.init)
+        log(f"initialised from {profile.init}")
+    else:
+        model = tiny.build_model(profile.model, tokenizer, seed=cfg.seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "embed" in n]
     opt = torch.optim.AdamW(
@@ -228,12 +272,18 @@ def pretrain(
         opt.load_state_dict(state["optimizer"])
         step, tokens, minutes_before = state["step"], state["tokens"], state["minutes"]
     probe_items = build_items(test_states, dcfg, n_per_kind=cfg.probe_items, seed=cfg.seed)
+    win_items = (build_items(test_states, dcfg, n_per_kind=cfg.probe_items, seed=cfg.seed + 1,
+                             kinds=("ground", "read"), max_lines=cfg.probe_window) if cfg.probe_window else [])
     log(f"model: {tiny.n_params(model) / 1e6:.2f}M params ({tiny.n_params(model, True) / 1e6:.2f}M text), "
         f"vocab {len(tokenizer)}; probe items {len(probe_items)}")
 
     ids_special = tiny.special_ids(tokenizer)
     progress = {"p": step / max(1, cfg.max_steps)}
     stream = stream_examples(train_states, dcfg, seed=cfg.seed * 1_000_003 + step, progress=lambda: progress["p"])
+    batches = length_bucketed(
+        (e for e in (encode(x, processor, dcfg) for x in stream) if e.answer_spans), cfg.batch_tokens,
+        random.Random(cfg.seed + step),
+    )
     curve = (work / "curve.jsonl").open("a")
     t_start = time.time()
     t_save = time.time()
@@ -257,6 +307,9 @@ def pretrain(
 
     def run_probe() -> dict[str, float]:
         acc = score_teacher_forced(model, processor, probe_items, dcfg)
+        if win_items:
+            win = score_teacher_forced(model, processor, win_items, dcfg)
+            acc.update({f"win_{k}": v for k, v in win.items() if not k.startswith("n_")})
         model.train()
         row = {"type": "probe", "step": step, "minutes": round(minutes(), 2), "tokens": tokens, **acc}
         write(row)
@@ -266,14 +319,7 @@ def pretrain(
     model.train()
     last_probe: dict[str, float] = {}
     while step < cfg.max_steps and minutes() < cfg.max_minutes:
-        encs: list[Encoded] = []
-        n_tok = 0
-        while n_tok < cfg.batch_tokens:
-            e = encode(next(stream), processor, dcfg)
-            if not e.answer_spans:
-                continue
-            encs.append(e)
-            n_tok += len(e.input_ids)
+        encs = next(batches)
         ids, w, extra = collate(encs, ids_special["pad"], ids_special["image"])
         lr = lr_at(step, cfg)
         for g in opt.param_groups:
@@ -287,7 +333,7 @@ def pretrain(
         tokens += int(ids.numel())
         win_tokens += int(ids.numel())
         progress["p"] = step / cfg.max_steps
-        window.append(float(loss))
+        window.append(loss.item())
         if step % cfg.log_every == 0:
             dt = time.time() - t_win
             row = {"type": "train", "step": step, "minutes": round(minutes(), 2), "tokens": tokens,

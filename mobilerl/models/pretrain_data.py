@@ -57,6 +57,9 @@ from mobilerl.env.xml import UINode, compress_nodes
 Grounding = Literal["bbox", "index"]
 Coords = Literal["rel", "abs"]
 KINDS: tuple[str, ...] = ("ground", "read", "checked", "app", "find", "type")
+# "act" (the expert's next action, i.e. behaviour cloning) is not pretraining data: it exists for the
+# SFT counterfactual experiments (docs/tiny_base.md), which reuse this harness.
+ALL_KINDS: tuple[str, ...] = (*KINDS, "act")
 MAX_LABEL_CHARS = 60  # longer labels are not asked about (they are still shown)
 MAX_READ_CHARS = 80
 
@@ -136,6 +139,71 @@ def _random_action(state: ScreenState, rng: random.Random) -> Action:
     return Action(A.BACK)
 
 
+def _collect_task(task_id: str, seed: int, explore: float, render: float,
+                  png_size: tuple[int, int]) -> list[ScreenState]:
+    from mobilerl.env.sim import SimEnv
+    from mobilerl.env.sim.device import stable_seed
+    from mobilerl.env.sim.screen import Screen
+    from mobilerl.env.sim.tasks.base import OracleAgent
+    from mobilerl.env.sim.tasks.registry import get_task
+
+    rng = random.Random(stable_seed(seed, task_id))
+    task = get_task(task_id, with_optimal=False)
+    shots = rng.random() < render
+    env = SimEnv(render=shots, perturb="default")
+    obs = env.reset(task)
+    agent = OracleAgent(env.tmpl, task.params)
+    out: list[ScreenState] = []
+    actions: list[Action] = []
+    try:
+        done = False
+        while not done:
+            a = agent.act(Screen(obs.xml, obs.app, obs.width, obs.height))
+            out.append(_snapshot(env, obs, a, png_size if shots else None))
+            actions.append(a)
+            res = env.step(a)
+            obs, done = res.observation, res.done
+    except Exception:  # noqa: BLE001 — an expert failure only ends this task's snapshots
+        pass
+    if actions and rng.random() < explore:
+        # Off-policy screens: replay to a random step, then wander for 1-3 random actions.
+        env = SimEnv(render=shots, perturb="default")
+        obs = env.reset(task)
+        for a in actions[: rng.randrange(len(actions))]:
+            obs = env.step(a).observation
+        for _ in range(rng.randint(1, 3)):
+            s = _snapshot(env, obs, None, None)
+            res = env.step(_random_action(s, rng))
+            obs = res.observation
+            out.append(_snapshot(env, obs, None, png_size if shots else None))
+            if res.done:
+                break
+    return out
+
+
+def _collect_shard(args: tuple) -> list[ScreenState]:
+    task_ids, seed, explore, render, png_size = args
+    out: list[ScreenState] = []
+    for tid in task_ids:
+        out.extend(_collect_task(tid, seed, explore, render, png_size))
+    return out
+
+
+def task_ids(suites: Sequence[str], split: str, n_per_template: int | None = None,
+             templates: Iterable[str] | None = None) -> list[str]:
+    from mobilerl.env.sim.tasks import registry
+
+    wanted = set(templates) if templates is not None else None
+    out = []
+    for suite in suites:
+        for t in registry.templates(suite):
+            if wanted is not None and t.name not in wanted:
+                continue
+            n = n_per_template if n_per_template is not None else registry.n_instances(t, split)
+            out.extend(f"{suite}/{split}/{t.name}/{i}" for i in range(n))
+    return out
+
+
 def collect_states(
     suites: Sequence[str] = ("world", "lab"),
     split: str = "train",
@@ -145,60 +213,38 @@ def collect_states(
     render: float = 0.0,
     png_size: tuple[int, int] = (108, 240),
     templates: Iterable[str] | None = None,
+    workers: int = 1,
 ) -> list[ScreenState]:
     """Snapshot the screens the expert sees on ``split`` tasks (plus off-policy ones, see module doc).
 
-    ``render`` is the fraction of states that keep a downscaled screenshot. Duplicate screens (same
-    lines, app and instruction) are kept once. Deterministic given the arguments.
+    ``render`` is the fraction of tasks whose states keep a downscaled screenshot. Duplicate screens
+    (same lines, app, instruction and action) are kept once. Deterministic given the arguments (each
+    task draws from its own seeded RNG), whatever ``workers`` (processes) is.
     """
-    from mobilerl.env.sim import SimEnv
-    from mobilerl.env.sim.screen import Screen
-    from mobilerl.env.sim.tasks.base import OracleAgent
-    from mobilerl.env.sim.tasks.registry import list_tasks
+    ids = task_ids(suites, split, n_per_template, templates)
+    if workers > 1:
+        import multiprocessing as mp
 
-    rng = random.Random(seed)
-    wanted = set(templates) if templates is not None else None
+        # Shards of whole templates keep each worker's registry caches warm.
+        tmpls = sorted({tid.rsplit("/", 1)[0] for tid in ids})
+        shard_of = {t: i % workers for i, t in enumerate(tmpls)}
+        shards = [[tid for tid in ids if shard_of[tid.rsplit("/", 1)[0]] == w] for w in range(workers)]
+        with mp.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_collect_shard, [(sh, seed, explore, render, png_size) for sh in shards])
+        by_task: dict[str, list[ScreenState]] = {}
+        for part in parts:
+            for s in part:
+                by_task.setdefault(s.task_id, []).append(s)
+        states = [s for tid in ids for s in by_task.get(tid, [])]
+    else:
+        states = _collect_shard((ids, seed, explore, render, png_size))
     out: list[ScreenState] = []
     seen: set[int] = set()
-
-    def keep(s: ScreenState) -> None:
+    for s in states:
         key = hash((s.instruction, s.app, s.nodes, s.action))
         if key not in seen:
             seen.add(key)
             out.append(s)
-
-    for suite in suites:
-        for task in list_tasks(suite, split, n=n_per_template, with_optimal=False):
-            if wanted is not None and task.template not in wanted:
-                continue
-            shots = rng.random() < render
-            env = SimEnv(render=shots, perturb="default")
-            obs = env.reset(task)
-            agent = OracleAgent(env.tmpl, task.params)
-            actions: list[Action] = []
-            try:
-                done = False
-                while not done:
-                    a = agent.act(Screen(obs.xml, obs.app, obs.width, obs.height))
-                    keep(_snapshot(env, obs, a, png_size if shots else None))
-                    actions.append(a)
-                    res = env.step(a)
-                    obs, done = res.observation, res.done
-            except Exception:  # noqa: BLE001 — an expert failure only ends this task's snapshots
-                pass
-            if actions and rng.random() < explore:
-                # Off-policy screens: replay to a random step, then wander for 1-3 random actions.
-                env = SimEnv(render=shots, perturb="default")
-                obs = env.reset(task)
-                for a in actions[: rng.randrange(len(actions))]:
-                    obs = env.step(a).observation
-                for _ in range(rng.randint(1, 3)):
-                    s = _snapshot(env, obs, None, None)
-                    res = env.step(_random_action(s, rng))
-                    obs = res.observation
-                    keep(_snapshot(env, obs, None, png_size if shots else None))
-                    if res.done:
-                        break
     return out
 
 
@@ -265,6 +311,21 @@ def resolve_index_action(text: str, nodes: Sequence[UINode]) -> str:
 # --------------------------------------------------------------------------------------- questions
 
 
+def expert_answer(state: ScreenState, nodes: Sequence[UINode], coords: Coords, grounding: Grounding) -> str:
+    """The expert's action at ``state`` as the model should write it (grid coordinates / line index)."""
+    assert state.action is not None
+    a = A.parse_action(state.action)
+    if a.element is None:
+        return state.action
+    if grounding == "index":
+        for i, n in enumerate(nodes):
+            if n.bounds == a.element:
+                return f'do(action="{a.name}", index={i})'
+    if coords == "rel":
+        a = A.convert_action(a, state.width, state.height, "relative")
+    return format_action(a)
+
+
 @dataclass(frozen=True)
 class QA:
     kind: str
@@ -322,7 +383,7 @@ def make_qas(
     """
     w, h = state.width, state.height
     names = _unique_names(nodes)
-    pools: dict[str, list[QA]] = {k: [] for k in KINDS}
+    pools: dict[str, list[QA]] = {k: [] for k in ALL_KINDS}
     for name, i in names.items():
         pools["ground"].append(QA("ground", f"tap {_quote(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
         nxt = next((j for j in range(i + 1, len(nodes)) if nodes[j].label), None)
@@ -354,13 +415,15 @@ def make_qas(
             text = A.parse_action(state.action).text or ""
             if text and text in state.instruction:
                 pools["type"].append(QA("type", "type?", state.action))
+        if state.action:
+            pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding)))
     weights = weights or {k: 1.0 for k in KINDS}
     for pool in pools.values():
         rng.shuffle(pool)
     out: list[QA] = []
     asked: set[str] = set()
     while len(out) < n:
-        kinds = [k for k in KINDS if pools[k] and weights.get(k, 0) > 0]
+        kinds = [k for k in ALL_KINDS if pools[k] and weights.get(k, 0) > 0]
         if not kinds:
             break
         k = rng.choices(kinds, [weights[k] for k in kinds])[0]

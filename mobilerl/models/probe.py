@@ -60,9 +60,13 @@ def held_out_states(
 
 def build_items(
     states: Sequence[ScreenState], cfg: DataConfig, n_per_kind: int = 200, seed: int = 0,
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] = KINDS, max_lines: int = 0,
 ) -> list[ProbeItem]:
-    """Up to ``n_per_kind`` single-question items per kind, each on a different screen where possible."""
+    """Up to ``n_per_kind`` single-question items per kind, each on a different screen where possible.
+
+    ``max_lines > 0`` asks about a random window of at most that many consecutive lines instead of the
+    full screen (to watch the mechanism form before the curriculum reaches full screens).
+    """
     rng = random.Random(seed)
     numbered = cfg.numbered or cfg.grounding == "index"
     by_kind: dict[str, list[ProbeItem]] = defaultdict(list)
@@ -72,7 +76,12 @@ def build_items(
         st = states[si]
         if not st.nodes:
             continue
-        qas = make_qas(st, st.nodes, rng, cfg.coords, cfg.grounding, True, {k: 1.0 for k in KINDS}, n=64)
+        nodes = st.nodes
+        if 0 < max_lines < len(nodes):
+            start = rng.randrange(len(nodes) - max_lines + 1)
+            nodes = nodes[start : start + max_lines]
+        full = len(nodes) == len(st.nodes)
+        qas = make_qas(st, nodes, rng, cfg.coords, cfg.grounding, full, {k: 1.0 for k in KINDS}, n=64)
         seen: set[str] = set()
         screen = None
         for qa in qas:
@@ -80,7 +89,7 @@ def build_items(
                 continue
             seen.add(qa.kind)
             if screen is None:
-                screen = render_screen(st.nodes, st.width, st.height, cfg.coords, numbered)
+                screen = render_screen(nodes, st.width, st.height, cfg.coords, numbered)
             msgs = [
                 {"role": "user", "content": prompt_text(st, screen) + qa.question},
                 {"role": "assistant", "content": qa.answer},
@@ -178,3 +187,76 @@ def score_generate(
     acc.update({f"{k}_center_hit": center[k] / total[k] for k in center})
     acc.update({f"n_{k}": total[k] for k in total})
     return acc, rows
+
+
+def rollout_success(
+    model: Any, processor: Any, task_ids: Sequence[str], cfg: DataConfig, batch_size: int = 16,
+    max_new_tokens: int = 48, perturb: str = "default",
+) -> dict[str, Any]:
+    """Closed-loop episodes with greedy actions (question ``action?`` on the current full screen).
+
+    For the SFT counterfactual (``act`` kind). Episodes run in lockstep so generation is batched. The
+    answer is mapped back to the env's pixels (grid → pixels, ``index=i`` → the line's box); a response
+    that does not parse is an invalid step (counted in the budget, env not stepped).
+    """
+    import torch
+
+    from mobilerl.env import actions as A
+    from mobilerl.env.sim import SimEnv
+    from mobilerl.env.sim.tasks.registry import get_task
+    from mobilerl.env.xml import compress_nodes
+    from mobilerl.models.pretrain_data import resolve_index_action
+
+    tok = processor.tokenizer
+    numbered = cfg.numbered or cfg.grounding == "index"
+    results: dict[str, bool] = {}
+    steps: dict[str, int] = {}
+    model.eval()
+    old_side = tok.padding_side
+    tok.padding_side = "left"
+    try:
+        for chunk in _batches(list(task_ids), batch_size):
+            envs = {}
+            for tid in chunk:
+                env = SimEnv(render=False, perturb=perturb)
+                env.reset(get_task(tid, with_optimal=False))
+                envs[tid] = env
+            used = dict.fromkeys(chunk, 0)
+            live = list(chunk)
+            while live:
+                prompts, nodes_of = [], {}
+                for tid in live:
+                    env = envs[tid]
+                    obs = env._observe()
+                    nodes = compress_nodes(obs.xml, width=obs.width, height=obs.height)
+                    nodes_of[tid] = nodes
+                    st = ScreenState(tid, env.task.instruction, obs.app, obs.width, obs.height, tuple(nodes))
+                    screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
+                    prompts.append(chat_text([{"role": "user", "content": prompt_text(st, screen) + "action?"}])
+                                   + "<|im_start|>assistant\n")
+                enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                with torch.no_grad():
+                    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+                texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+                still = []
+                for tid, text in zip(live, texts, strict=True):
+                    env = envs[tid]
+                    used[tid] += 1
+                    try:
+                        act = A.parse_action(resolve_index_action(text.strip(), nodes_of[tid]))
+                        if act.element is not None and cfg.coords == "rel" and "index=" not in text:
+                            act = A.convert_action(act, env.device.width, env.device.height, "absolute")
+                        done = env.step(act).done
+                    except A.ActionParseError:
+                        done = used[tid] >= env.task.max_steps
+                    if done or used[tid] >= env.task.max_steps:
+                        results[tid] = bool(env.device.finished and env.tmpl.check(env.device, env.task.params))
+                        steps[tid] = used[tid]
+                    else:
+                        still.append(tid)
+                live = still
+    finally:
+        tok.padding_side = old_side
+    n = len(results)
+    return {"success_rate": sum(results.values()) / max(1, n), "episodes": n,
+            "mean_steps": sum(steps.values()) / max(1, n), "per_task": results}

@@ -20,7 +20,7 @@ Special tokens are Qwen2-VL's names (``<|im_start|>``, ``<|im_end|>``, ``<|endof
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -63,18 +63,34 @@ PRETOKENIZE = "|".join(
 )
 
 
-def numbers_corpus(repeat: int = 64) -> Iterator[str]:
-    """Every integer 0-999 (and line indices ``[i]``) several times, so each becomes one token."""
-    for _ in range(repeat):
-        yield " ".join(str(i) for i in range(1000))
-        yield "\n".join(f"[{i}] x" for i in range(200))
+def _number_merges() -> tuple[list[str], list[tuple[str, str]]]:
+    """Vocabulary and merges that make every 1-3 digit string one token, whatever the merge order.
+
+    Digit runs are their own pre-tokens (chunks of ≤ 3 digits), so these merges never interact with the
+    learned ones. A 3-digit string can be reached from either split ("25"+"4" or "2"+"54"), so both
+    merges are added.
+    """
+    two = [f"{a}{b}" for a in "0123456789" for b in "0123456789"]
+    three = [f"{a}{b}" for a in "0123456789" for b in two]
+    merges = [(t[0], t[1]) for t in two]
+    for t in three:
+        merges += [(t[:2], t[2]), (t[0], t[1:])]
+    return two + three, merges
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2):
-    """Train the byte-level BPE and wrap it in a ``PreTrainedTokenizerFast`` with the chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """Train the byte-level BPE and wrap it in a ``PreTrainedTokenizerFast`` with the chat template.
 
+    BPE is learned on the text with digits blanked out; then every 1-3 digit string is added as one
+    token (:func:`_number_merges`); the final vocabulary has (at most) ``vocab_size`` entries.
+    """
+    import json
+    import re
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    digits = re.compile(r"\d")
+    number_vocab, number_merges = _number_merges()
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -83,20 +99,27 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency:
         ]
     )
     tk.decoder = decoders.ByteLevel()
+    learned = vocab_size - len(number_vocab)
+    if learned < 512:
+        raise ValueError(f"vocab_size {vocab_size} too small: the numbers 0-999 alone take {len(number_vocab)}")
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=learned,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-
-    def corpus() -> Iterator[str]:
-        yield from numbers_corpus()
-        yield from texts
-
-    tk.train_from_iterator(corpus(), trainer=trainer)
-    return wrap(tk)
+    tk.train_from_iterator((digits.sub("0", t) for t in texts), trainer=trainer)
+    spec = json.loads(tk.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+    # Drop what BPE learned on the blanked digits ("00", "000"), then add the full digit vocabulary.
+    merges = [m for m in merges if not (m[0] + m[1]).isdigit()]
+    kept = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if not (len(t) > 1 and t.isdigit())]
+    tokens = kept + [t for t in number_vocab if t not in set(kept)]
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
+    spec["model"]["merges"] = [list(m) for m in number_merges + merges]
+    return wrap(Tokenizer.from_str(json.dumps(spec)))
 
 
 def wrap(tk):

@@ -1,0 +1,76 @@
+"""A policy backed by a generation backend: the step's chat from :mod:`mobilerl.agent.prompt`, one sampled
+response, its per-token logprobs (what RL's importance ratios need).
+
+    backend = make_backend({"kind": "hf", "model": "models/tiny-base"})
+    policy = ModelPolicy(backend, obs_mode="xml", sampling=SamplingConfig(temperature=1.0, seed=0))
+    trajs = evaluate_sync(policy.with_seed, list_tasks("world", "test"), concurrency=16)
+
+Episodes run concurrently and each awaits ``backend.generate`` for its step, so batching happens in the
+backend: the HF backend's micro-batcher (and a vLLM server's scheduler) turns N episodes in flight into
+batches of up to N. Nothing here batches or blocks.
+
+Seeds: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
+``stable_seed(sampling.seed, e, t)``, so an episode's responses do not depend on which other episodes
+share its batches or in which order they arrive; ``seed=None`` samples fresh randomness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from mobilerl.agent import prompt
+from mobilerl.agent.policy import PolicyContext, PolicyError, PolicyOutput
+from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig, stable_seed
+
+
+@dataclass
+class ModelPolicy:
+    """:class:`~mobilerl.agent.policy.Policy` over a :class:`~mobilerl.models.generation.GenerationBackend`.
+
+    Args:
+        backend: any generation backend (HF, vLLM, OpenAI-compatible HTTP).
+        obs_mode: ``xml`` / ``screenshot`` / ``screenshot+xml`` (screenshot modes need a rendering env).
+        sampling: temperature, top-p, max new tokens, stop strings, base seed.
+        name / version: recorded in trajectories.
+        reasoning: ask for ``<think>`` before the answer (the reasoning system prompt).
+        max_history: keep only the last N previous responses in the prompt (None: all).
+    """
+
+    backend: GenerationBackend
+    obs_mode: str = "xml"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    name: str = "model"
+    version: str | None = None
+    reasoning: bool = False
+    max_history: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.obs_mode not in prompt.OBSERVATION_MODES:
+            raise ValueError(f"obs_mode must be one of {prompt.OBSERVATION_MODES}, got {self.obs_mode!r}")
+
+    def with_seed(self, seed: int) -> ModelPolicy:
+        """This policy with base seed ``seed`` (a :func:`mobilerl.eval.evaluate` policy factory)."""
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, seed=seed))
+
+    def request(self, ctx: PolicyContext) -> ChatRequest:
+        """The chat of this step (the prompt module's format) with the screenshot when the mode shows it."""
+        messages = prompt.messages_for_context(
+            ctx, mode=self.obs_mode, reasoning=self.reasoning, max_history=self.max_history
+        )
+        images = None
+        if self.obs_mode != "xml":
+            shot = ctx.observation.screenshot
+            if shot is None:
+                raise PolicyError(
+                    f"obs_mode {self.obs_mode!r} needs a screenshot, but the env renders none (use a rendering env)"
+                )
+            images = [shot]
+        return ChatRequest(messages, images)
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        s = self.sampling
+        if s.seed is not None:
+            s = dataclasses.replace(s, seed=stable_seed(s.seed, ctx.episode_id, ctx.step))
+        [gen] = await self.backend.generate([self.request(ctx)], s)
+        return PolicyOutput(gen.text, list(gen.logprobs))

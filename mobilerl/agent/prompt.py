@@ -1,0 +1,175 @@
+"""The prompt format — the one module that owns it (SFT data, evaluation and RL all build prompts here).
+
+The agent's state (MobileRL §2) is the task, the history of its previous think/action messages (no past
+screens), and the current screen. One step is one chat::
+
+    system     SYSTEM prompt: role, observation, action space (Table 5 syntax), response format
+    user       Task: <instruction>
+               Previous actions:
+               Step 1: <answer>do(action="Launch", app="Contacts")</answer>
+               ...                                   ("Previous actions: none" at the first step)
+               Current app: Contacts
+               Screenshot: <image>                   (modes "screenshot", "screenshot+xml")
+               Screen elements (Class;flags;label;[x1,y1][x2,y2]):
+               <compressed XML>                      (modes "xml", "screenshot+xml")
+    assistant  <think>…</think><answer>do(...)</answer>     (reasoning data / reasoning policies)
+               <answer>do(...)</answer>                     (reasoning-free data)
+
+Previous responses are repeated verbatim (their ``<think>`` included), oldest first; ``max_history`` keeps
+only the last N. Coordinates are absolute screen pixels, the same space as the compressed XML's bounds.
+``<image>`` is the placeholder LLaMA-Factory's sharegpt format expects (one per image, in order);
+:func:`to_hf_messages` turns it into content parts for a HF processor's chat template. Everything here is a
+pure function of its arguments (deterministic, no I/O).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mobilerl.env.actions import Action, format_action, parse_action
+
+IMAGE_TOKEN = "<image>"
+OBSERVATION_MODES = ("xml", "screenshot", "screenshot+xml")
+
+ACTION_SPACE = """\
+do(action="Tap", element=[x1,y1,x2,y2])  # tap the element whose bounding box is given
+do(action="Long Press", element=[x1,y1,x2,y2])  # press and hold it
+do(action="Type", text="...")  # type into the focused input field (its content is replaced)
+do(action="Swipe", direction="up|down|left|right", dist="short|medium|long")  # the finger's direction; "up" scrolls down
+do(action="Launch", app="App Name")  # open an app by name
+do(action="Back")  # the system Back button
+do(action="Home")  # the system Home button
+do(action="Wait")  # wait for the screen to load
+finish(message="...")  # the task is done; for a question, the message is the answer"""
+
+_OBS_TEXT = {
+    "xml": "the list of on-screen UI elements (one per line: Class;flags;label;[x1,y1][x2,y2])",
+    "screenshot": "a screenshot of the screen",
+    "screenshot+xml": "a screenshot and the list of on-screen UI elements "
+                      "(one per line: Class;flags;label;[x1,y1][x2,y2])",
+}
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in OBSERVATION_MODES:
+        raise ValueError(f"observation mode must be one of {OBSERVATION_MODES}, got {mode!r}")
+
+
+def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False) -> str:
+    """The system prompt for an observation ``mode``; ``reasoning`` asks for ``<think>`` before the answer."""
+    _check_mode(mode)
+    fmt = ("First think step by step inside <think></think>, then give exactly one action inside "
+           "<answer></answer>:\n<think>...</think><answer>do(...)</answer>"
+           if reasoning else
+           "Give exactly one action inside <answer></answer>:\n<answer>do(...)</answer>")
+    return (
+        "You are an agent that operates an Android phone to complete the user's task. At each step you "
+        f"see the task, your previous actions and the current screen: {_OBS_TEXT[mode]}. Coordinates are "
+        "screen pixels; element=[x1,y1,x2,y2] is the bounding box of the target element.\n\n"
+        f"Actions:\n{ACTION_SPACE}\n\n{fmt}"
+    )
+
+
+def render_response(action: Action | str, think: str | None = None) -> str:
+    """``<think>…</think><answer>…</answer>`` with reasoning, ``<answer>…</answer>`` without. ``action``
+    is an :class:`Action` or an action call string (used as given)."""
+    call = format_action(action) if isinstance(action, Action) else action.strip()
+    if think is not None and think.strip():
+        return f"<think>{think.strip()}</think><answer>{call}</answer>"
+    return f"<answer>{call}</answer>"
+
+
+def split_response(text: str) -> tuple[str | None, str]:
+    """``(think, action call)`` of a response (think is None without a ``<think>`` block). Raises
+    :class:`~mobilerl.env.actions.ActionParseError` when no action can be parsed."""
+    think = None
+    if "<think>" in text and "</think>" in text:
+        think = text.split("<think>", 1)[1].split("</think>", 1)[0].strip()
+    return think, format_action(parse_action(text))
+
+
+def user_prompt(
+    instruction: str,
+    history: Sequence[str] = (),
+    xml_compressed: str = "",
+    *,
+    app: str = "",
+    mode: str = "screenshot+xml",
+    max_history: int | None = None,
+) -> str:
+    """The user turn of one step (see the module docstring); holds one ``<image>`` in screenshot modes."""
+    _check_mode(mode)
+    lines = [f"Task: {instruction.strip()}"]
+    past = list(history)
+    first = 1
+    if max_history is not None and len(past) > max_history:
+        first = len(past) - max_history + 1
+        past = past[len(past) - max_history:] if max_history > 0 else []
+    if past:
+        lines.append("Previous actions:")
+        lines.extend(f"Step {first + i}: {h.strip()}" for i, h in enumerate(past))
+    else:
+        lines.append("Previous actions: none")
+    if app:
+        lines.append(f"Current app: {app}")
+    if mode in ("screenshot", "screenshot+xml"):
+        lines.append(f"Screenshot: {IMAGE_TOKEN}")
+    if mode in ("xml", "screenshot+xml"):
+        lines.append("Screen elements (Class;flags;label;[x1,y1][x2,y2]):")
+        lines.append(xml_compressed.strip() or "(none)")
+    return "\n".join(lines)
+
+
+def build_messages(
+    instruction: str,
+    history: Sequence[str] = (),
+    xml_compressed: str = "",
+    *,
+    app: str = "",
+    mode: str = "screenshot+xml",
+    reasoning: bool = False,
+    max_history: int | None = None,
+) -> list[dict[str, str]]:
+    """``[{"role": "system", ...}, {"role": "user", ...}]`` for one step (string contents, ``<image>``
+    placeholder in screenshot modes)."""
+    return [
+        {"role": "system", "content": system_prompt(mode, reasoning)},
+        {"role": "user", "content": user_prompt(instruction, history, xml_compressed, app=app, mode=mode,
+                                                max_history=max_history)},
+    ]
+
+
+def messages_for_context(ctx: Any, *, mode: str = "screenshot+xml", reasoning: bool = False,
+                         max_history: int | None = None) -> list[dict[str, str]]:
+    """:func:`build_messages` for a :class:`~mobilerl.agent.policy.PolicyContext` (the rollout's state)."""
+    return build_messages(ctx.task.instruction, ctx.history, ctx.xml_compressed, app=ctx.observation.app,
+                          mode=mode, reasoning=reasoning, max_history=max_history)
+
+
+def to_hf_messages(messages: Sequence[dict[str, str]]) -> list[dict[str, Any]]:
+    """Content-part form for HF processors: each ``<image>`` becomes ``{"type": "image"}`` (pass the
+    images to the processor in the same order) and the text around it ``{"type": "text", ...}``."""
+    out = []
+    for m in messages:
+        parts: list[dict[str, Any]] = []
+        chunks = m["content"].split(IMAGE_TOKEN)
+        for i, chunk in enumerate(chunks):
+            if chunk:
+                parts.append({"type": "text", "text": chunk})
+            if i < len(chunks) - 1:
+                parts.append({"type": "image"})
+        out.append({"role": m["role"], "content": parts})
+    return out
+
+
+def sharegpt_record(messages: Sequence[dict[str, str]], response: str, images: Sequence[str] = ()) -> dict[str, Any]:
+    """A LLaMA-Factory sharegpt record: ``{"messages": [system, user, assistant], "images": [...]}``.
+
+    Raises ``ValueError`` when the number of ``<image>`` placeholders does not match ``images``."""
+    n = sum(m["content"].count(IMAGE_TOKEN) for m in messages)
+    if n != len(images):
+        raise ValueError(f"{n} {IMAGE_TOKEN} placeholders but {len(images)} images")
+    return {"messages": [*({"role": m["role"], "content": m["content"]} for m in messages),
+                         {"role": "assistant", "content": response}],
+            "images": list(images)}

@@ -1,0 +1,228 @@
+"""SFT datasets from trajectory stores, in LLaMA-Factory's sharegpt multimodal format.
+
+One sample per step (MobileRL §2 state): the task, the history of previous responses (no past screens),
+the current screenshot and/or compressed XML → the step's action, rendered by :mod:`mobilerl.agent.prompt`
+(reasoning-free: ``<answer>…</answer>``; with ``reasoning`` a stored ``<think>`` is kept).
+
+Sources (:class:`SftSource`) are stores of the collector (``collected``), of human annotations
+(``human``) and of converted AndroidControl episodes (``androidcontrol``); ``variant`` picks high-level
+samples (goal + history), low-level ones (the step instruction, no history — AndroidControl-Low), or both.
+Only successful episodes are used unless ``only_success`` is off (sources without a verifier count as
+successful). Then:
+
+- dedupe: identical (prompt, image content, response) samples are kept once;
+- split: by task id (all steps of a task on the same side), ``val_fraction`` of the tasks to validation;
+- mixing: each source's train samples are resampled by its ``weight`` (2.0: every sample twice; 0.5:
+  a seeded half), validation is not resampled.
+
+Output directory::
+
+    dataset_info.json      {"<name>_train": {...}, "<name>_val": {...}} (sharegpt, messages + images)
+    train.json, val.json   lists of {"messages": [system, user, assistant], "images": ["images/ab/….png"]}
+    images/                screenshots, content-addressed (a screen used by many samples is stored once)
+    stats.json             counts per source, split and action type
+
+Images are copied (optionally downscaled to ``image_max_side``) so that paths are relative to the dataset
+directory, which is what LLaMA-Factory resolves them against (``dataset_dir`` / ``media_dir``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from mobilerl.agent import prompt as PR
+from mobilerl.data.schema import Trajectory
+from mobilerl.data.store import iter_store
+from mobilerl.env.actions import Action, ActionParseError, format_action
+
+VARIANTS = ("high", "low", "both")
+
+
+@dataclass
+class SftSource:
+    name: str
+    path: str | Path
+    weight: float = 1.0
+    variant: str = "high"
+    only_success: bool = True
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"source {self.name!r}: variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.weight < 0:
+            raise ValueError(f"source {self.name!r}: weight must be >= 0, got {self.weight}")
+
+
+@dataclass
+class Sample:
+    source: str
+    task_id: str
+    variant: str
+    messages: list[dict[str, str]]
+    response: str
+    image: Path | None  # absolute path of the source screenshot
+    action_name: str
+    key: str = ""
+
+
+@dataclass
+class SftStats:
+    per_source: dict[str, Counter] = field(default_factory=dict)
+
+    def add(self, source: str, key: str, n: int = 1) -> None:
+        self.per_source.setdefault(source, Counter())[key] += n
+
+
+def _split_of(task_id: str, val_fraction: float, seed: int) -> str:
+    h = hashlib.blake2b(f"{seed}|{task_id}".encode(), digest_size=8).digest()
+    return "val" if int.from_bytes(h, "big") / 2**64 < val_fraction else "train"
+
+
+def _think(response: str) -> str | None:
+    if "<think>" in response and "</think>" in response:
+        return response.split("<think>", 1)[1].split("</think>", 1)[0].strip() or None
+    return None
+
+
+def samples_from_trajectory(
+    traj: Trajectory, root: Path, source: SftSource, *, mode: str, reasoning: bool, max_history: int | None
+) -> Iterable[Sample]:
+    """The SFT samples of one stored episode (invalid steps are skipped, as targets and in history)."""
+    history: list[str] = []
+    for s in traj.steps:
+        if s.action is None:
+            continue
+        try:
+            action = Action.from_dict(s.action)
+        except (ActionParseError, KeyError, TypeError):
+            continue
+        think = _think(s.response) if reasoning else None
+        response = PR.render_response(action, think)
+        image = root / s.screenshot_path if s.screenshot_path and mode != "xml" else None
+        if image is not None and not image.exists():
+            image = None  # a screenshot missing on disk: this sample falls back to the XML
+        step_mode = mode if image is not None or mode == "xml" else "xml"
+        if source.variant in ("high", "both"):
+            msgs = PR.build_messages(traj.instruction, history, s.xml_compressed, app=s.app, mode=step_mode,
+                                     reasoning=reasoning, max_history=max_history)
+            yield Sample(source.name, traj.task_id, "high", msgs, response, image, action.name)
+        if source.variant in ("low", "both") and s.step_instruction:
+            msgs = PR.build_messages(s.step_instruction, (), s.xml_compressed, app=s.app, mode=step_mode,
+                                     reasoning=reasoning)
+            yield Sample(source.name, traj.task_id, "low", msgs, response, image, action.name)
+        history.append(response if reasoning else PR.render_response(format_action(action)))
+
+
+def _file_hash(path: Path, cache: dict[Path, str]) -> str:
+    h = cache.get(path)
+    if h is None:
+        h = hashlib.sha1(path.read_bytes()).hexdigest()
+        cache[path] = h
+    return h
+
+
+def _copy_image(src: Path, digest: str, out: Path, image_max_side: int | None, done: set[str]) -> str:
+    rel = f"images/{digest[:2]}/{digest}.png"
+    if digest not in done:
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if image_max_side:
+            with Image.open(src) as im:
+                if max(im.size) > image_max_side:
+                    f = image_max_side / max(im.size)
+                    im = im.convert("RGB").resize((max(1, round(im.width * f)), max(1, round(im.height * f))),
+                                                  Image.BILINEAR)
+                    im.save(dst, format="PNG", compress_level=3)
+                else:
+                    shutil.copyfile(src, dst)
+        else:
+            shutil.copyfile(src, dst)
+        done.add(digest)
+    return rel
+
+
+def dataset_info(name: str) -> dict[str, Any]:
+    """The ``dataset_info.json`` entries of a dataset built by :func:`build_sft`."""
+    entry = {"formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+             "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                      "assistant_tag": "assistant", "system_tag": "system"}}
+    return {f"{name}_train": {"file_name": "train.json", **entry}, f"{name}_val": {"file_name": "val.json", **entry}}
+
+
+def build_sft(
+    sources: Sequence[SftSource],
+    out_dir: str | Path,
+    *,
+    mode: str = "screenshot+xml",
+    reasoning: bool = False,
+    val_fraction: float = 0.05,
+    seed: int = 0,
+    max_history: int | None = None,
+    image_max_side: int | None = None,
+    name: str = "mobilerl_sft",
+) -> dict[str, Any]:
+    """Build the dataset (see the module docstring); returns the stats also written to ``stats.json``."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    hashes: dict[Path, str] = {}
+    copied: set[str] = set()
+    seen: set[str] = set()
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
+    stats: dict[str, Any] = {"sources": {}}
+    rng = random.Random(seed)
+    for src in sources:
+        root = Path(src.path)
+        st: Counter = Counter()
+        train_src: list[dict[str, Any]] = []
+        for traj in iter_store(root):
+            st["episodes"] += 1
+            ok = traj.success or (not traj.has_verifier and traj.error is None)
+            if src.only_success and not ok:
+                st["episodes_skipped_unsuccessful"] += 1
+                continue
+            st["episodes_used"] += 1
+            split = _split_of(traj.task_id, val_fraction, seed)
+            for smp in samples_from_trajectory(traj, root, src, mode=mode, reasoning=reasoning, max_history=max_history):
+                st["steps"] += 1
+                digest = _file_hash(smp.image, hashes) if smp.image is not None and smp.image.exists() else ""
+                key = hashlib.sha1("\x00".join([smp.messages[1]["content"], digest, smp.response]).encode()).hexdigest()
+                if key in seen:
+                    st["duplicates"] += 1
+                    continue
+                seen.add(key)
+                images = [_copy_image(smp.image, digest, out, image_max_side, copied)] if digest else []
+                rec = PR.sharegpt_record(smp.messages, smp.response, images)
+                st[f"{split}_{smp.variant}"] += 1
+                st[f"action/{smp.action_name}"] += 1
+                (train_src if split == "train" else splits["val"]).append(rec)
+        # mixing weight: resample this source's train samples
+        w = src.weight
+        mixed: list[dict[str, Any]] = []
+        for rec in train_src:
+            k = int(w) + (1 if rng.random() < w - int(w) else 0)
+            mixed.extend([rec] * k)
+        st["train_after_weight"] = len(mixed)
+        splits["train"].extend(mixed)
+        stats["sources"][src.name] = dict(st)
+    rng.shuffle(splits["train"])
+    (out / "train.json").write_text(json.dumps(splits["train"], ensure_ascii=False, indent=0) + "\n")
+    (out / "val.json").write_text(json.dumps(splits["val"], ensure_ascii=False, indent=0) + "\n")
+    (out / "dataset_info.json").write_text(json.dumps(dataset_info(name), indent=1) + "\n")
+    stats.update({"train": len(splits["train"]), "val": len(splits["val"]), "images": len(copied),
+                  "mode": mode, "reasoning": reasoning, "name": name})
+    (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    return stats

@@ -1,0 +1,64 @@
+"""Print the tiny base model's screen-reading figures on held-out simulator screens.
+
+    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--per-template 3]
+
+Held-out screens: test-split tasks of the world and lab suites (never used by pretraining), oracle and
+off-policy states. One question per item, greedy generation, exact answer (see mobilerl/models/probe.py).
+Exit status 1 if an acceptance target (grounding ≥ 90%, reading ≥ 90%, span copy ≥ 95%) is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
+    ap.add_argument("--items", type=int, default=200, help="held-out items per question kind")
+    ap.add_argument("--per-template", type=int, default=3, help="test tasks per template for screens")
+    ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args()
+
+    import torch
+
+    from mobilerl.models import tiny
+    from mobilerl.models.pretrain import Profile
+    from mobilerl.models.probe import ACCEPTANCE, build_items, held_out_states, score_generate
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model, processor = tiny.load(args.model)
+    profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
+    states = held_out_states(n_per_template=args.per_template, seed=profile.train.seed + 1)
+    items = build_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
+    acc, _ = score_generate(model, processor, items)
+    names = {"ground": "grounding (exact element)", "read": "reading (label -> value)",
+             "type": "instruction-span copy (Type)", "checked": "state: switch on/off",
+             "app": "state: which app", "find": "state: tap or scroll to target"}
+    if args.json:
+        print(json.dumps(acc, indent=1))
+    else:
+        print(f"held-out screens: {len(states)} (test split, {args.per_template} tasks/template); "
+              f"greedy generation, exact answer; {time.time() - t0:.0f}s")
+        for k, name in names.items():
+            if k in acc:
+                target = ACCEPTANCE.get(k)
+                mark = "" if target is None else f"   target >= {target:.0%}: {'OK' if acc[k] >= target else 'MISSED'}"
+                print(f"  {name:34s} {acc[k]:7.1%}  (n={acc['n_' + k]}){mark}")
+        if "ground_center_hit" in acc:
+            print(f"  {'grounding (tap lands on target)':34s} {acc['ground_center_hit']:7.1%}")
+    return 0 if all(acc.get(k, 0) >= v for k, v in ACCEPTANCE.items()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

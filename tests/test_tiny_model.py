@@ -1,0 +1,183 @@
+"""The tiny base model: factory, tokenizer, pretraining data, training loop, the committed checkpoint."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mobilerl.env.actions import Action, format_action, parse_action  # noqa: E402
+from mobilerl.models import tiny  # noqa: E402
+from mobilerl.models.pretrain_data import (  # noqa: E402
+    DataConfig,
+    ScreenState,
+    build_example,
+    collect_states,
+    corpus_texts,
+    encode,
+    load_states,
+    resolve_index_action,
+    save_states,
+)
+from mobilerl.models.tokenizer import single_token_numbers, train_tokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "models" / "tiny-base"
+TEMPLATES = ("ContactsAddContact", "AudioRecorderDeleteRecording", "SystemDeviceName", "LabSettingsBluetoothName")
+SMALL = tiny.TinyShape(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def states() -> list[ScreenState]:
+    return collect_states(split="train", n_per_template=2, explore=1.0, render=0.5, templates=TEMPLATES)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(states):
+    return train_tokenizer(corpus_texts(states), vocab_size=2048)
+
+
+@pytest.fixture(scope="module")
+def processor(tokenizer):
+    return tiny.build_processor(tokenizer)
+
+
+def test_states_come_from_the_simulator(states, tmp_path):
+    assert len(states) > 20
+    assert all(s.task_id.split("/")[1] == "train" for s in states)
+    assert any(s.action and s.action.startswith('do(action="Type"') for s in states)
+    assert any(s.png for s in states) and any(not s.action for s in states)  # screenshots, off-policy
+    save_states(states[:5], tmp_path / "s.jsonl.gz")
+    assert load_states(tmp_path / "s.jsonl.gz") == states[:5]
+
+
+def test_tokenizer_round_trips_actions_and_numbers(tokenizer, states):
+    assert single_token_numbers(tokenizer) == []  # every 0-999 coordinate is one token
+    acts = [
+        Action("Tap", element=(12, 0, 999, 531)),
+        Action("Type", text='Ines "Tanaka" (646) 692-5744 · Hauptstraße'),
+        Action("Swipe", direction="up", dist="medium"),
+        Action("Launch", app="SMS Messenger"),
+        Action("Finish", message="2.10 MB"),
+        Action("Back"),
+    ]
+    for a in acts:
+        text = format_action(a)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+        assert parse_action(tokenizer.decode(ids)) == a
+    box = tokenizer('do(action="Tap", element=[12,0,999,531])', add_special_tokens=False)["input_ids"]
+    assert len(box) <= 11
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("grounding", ["bbox", "index"])
+def test_sequences_are_well_formed_and_dense(states, processor, grounding):
+    cfg = DataConfig(grounding=grounding, image_prob=1.0, lm_weight=0.1, max_len=1024)
+    rng = random.Random(0)
+    tok = processor.tokenizer
+    answered = supervised = total = 0
+    for st in states[:30]:
+        ex = build_example(st, rng, cfg, progress=1.0)
+        enc = encode(ex, processor, cfg)
+        assert len(enc.input_ids) <= cfg.max_len and len(enc.weights) == len(enc.input_ids)
+        for s, e, kind in enc.answer_spans:
+            answer = tok.decode(enc.input_ids[s : e - 1])
+            assert enc.input_ids[e - 1] == tok.convert_tokens_to_ids("<|im_end|>")
+            if kind in ("ground", "find", "type"):
+                if grounding == "index" and "index=" in answer:
+                    nodes = st.nodes
+                    answer = resolve_index_action(answer, nodes)
+                parse_action(answer)  # a well-formed action
+            answered += 1
+        if enc.pixel_values is not None:
+            n_img = enc.input_ids.count(tok.convert_tokens_to_ids("<|image_pad|>"))
+            assert n_img == int(enc.image_grid_thw.prod()) // 4
+        supervised += sum(1 for w in enc.weights if w > 0)
+        total += len(enc.weights)
+    assert answered > 100
+    assert supervised / total > 0.8  # most tokens carry a gradient
+
+
+def test_curriculum_starts_with_small_windows(states):
+    cfg = DataConfig(min_lines=4, ramp=0.5, full_prob=0.0)
+    rng = random.Random(0)
+    big = [s for s in states if len(s.nodes) > 20]
+    early = build_example(big[0], rng, cfg, progress=0.0)
+    late = build_example(big[0], rng, cfg, progress=1.0)
+    assert early.messages[0]["content"].count("\n") < late.messages[0]["content"].count("\n")
+
+
+def test_model_builds_saves_reloads_offline_and_generates(tokenizer, processor, tmp_path):
+    model = tiny.build_model(SMALL, tokenizer)
+    assert model.config.text_config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert model.generation_config.eos_token_id == model.config.text_config.eos_token_id
+    tiny.save(model, processor, tmp_path / "m")
+    again, proc = tiny.load(tmp_path / "m")
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    prompt = proc.tokenizer.apply_chat_template([{"role": "user", "content": 'tap "Save"'}], tokenize=False,
+                                                add_generation_prompt=True)
+    enc = proc.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    out = again.generate(**enc, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+
+
+def test_screenshot_goes_through_the_processor_and_model(states, tokenizer, processor):
+    from mobilerl.models.pretrain import collate, loss_fn
+
+    model = tiny.build_model(SMALL, tokenizer)
+    cfg = DataConfig(image_prob=1.0)
+    st = next(s for s in states if s.png)
+    enc = encode(build_example(st, random.Random(0), cfg), processor, cfg)
+    assert enc.pixel_values is not None
+    ids_ = tiny.special_ids(tokenizer)
+    ids, w, extra = collate([enc], ids_["pad"], ids_["image"])
+    loss, _ = loss_fn(model, ids, w, extra)
+    loss.backward()
+    assert next(p for n, p in model.named_parameters() if "visual" in n).grad is not None
+
+
+def test_twenty_steps_lower_the_loss(states, tokenizer, tmp_path):
+    from mobilerl.models.pretrain import Profile, TrainConfig, pretrain
+
+    profile = Profile(
+        model=SMALL,
+        data=DataConfig(max_len=384, questions=12, ramp=0.0),
+        train=TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=1536, max_steps=20, log_every=5, probe_every=1000,
+                          probe_items=3, threads=2),
+    )
+    model, _, summary = pretrain(profile, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
+                                 log=lambda _: None)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if r["type"] == "train"]
+    assert summary["steps"] == 20 and losses[-1] < losses[0] - 0.5
+    assert (tmp_path / "run" / "last.pt").exists()
+    # resume: a second call continues from the checkpoint instead of starting over
+    profile.train.max_steps = 22
+    _, _, again = pretrain(profile, tmp_path / "run", states, states[:10], log=lambda _: None)
+    assert again["steps"] == 22
+
+
+@pytest.mark.skipif(not (BASE / "config.json").exists(), reason="no committed tiny base checkpoint")
+def test_committed_base_loads_offline_and_reads_screens():
+    from mobilerl.models.pretrain import Profile
+    from mobilerl.models.probe import build_items, score_teacher_forced
+
+    size = sum(f.stat().st_size for f in BASE.iterdir()) / 2**20
+    assert size <= 25
+    metrics = json.loads((BASE / "metrics.json").read_text())
+    assert "command" in metrics["rebuild"]
+    model, processor = tiny.load(BASE)
+    profile = Profile.from_dict(json.loads((BASE / "tiny.json").read_text())["profile"])
+    held = collect_states(split="test", n_per_template=1, explore=0.0, seed=7, templates=TEMPLATES)
+    items = build_items(held, profile.data, n_per_kind=12, seed=0, kinds=("ground", "read"))
+    acc = score_teacher_forced(model, processor, items, profile.data)
+    assert acc["ground"] >= 0.6 and acc["read"] >= 0.6, acc
