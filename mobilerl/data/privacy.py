@@ -420,9 +420,16 @@ def _plate_value(v: str) -> bool:
     return 4 <= len(core) <= 8 and any(c.isalpha() for c in core) or (5 <= len(core) <= 7 and core.isdigit())
 
 
+_SOCIAL_WORDS = {"wechat", "weixin", "qq", "telegram", "discord", "skype", "snapchat", "instagram", "insta",
+                 "twitter", "tiktok", "facebook", "weibo", "douyin", "xiaohongshu", "mastodon", "username",
+                 "line", "signal", "whatsapp", "messenger", "youtube", "linkedin", "reddit"}
+
+
 def _social_value(v: str) -> bool:
     s = v.lstrip("@")
     if s.lower() in _HANDLE_STOP or s.lower() in ("is", "id", "number", "account", "me", "us"):
+        return False
+    if s.lower() in _SOCIAL_WORDS or re.fullmatch(r"\d+[.,]\d+", s):  # an app name, a size/amount
         return False
     return len(s) >= 4 and not s.isdigit() or s.isdigit() and 5 <= len(s) <= 11
 
@@ -516,7 +523,10 @@ RULES: tuple[_Rule, ...] = (
     _Rule("ctx_order", ORDER_NUMBER, _ctx(_KW_ORDER, _V_ALNUM + r"|#?\d[\d ]{3,30}\d"), 91, _ctx_order, gate="kw"),
     _Rule("ctx_plate", VEHICLE_PLATE, _ctx(_KW_PLATE, _V_PLATE), 77, _plate_value, gate="kw"),
     _Rule("ctx_bank", BANK_ACCOUNT, _ctx(_KW_BANK, r"\d[\d \-]{4,30}\d"), 76, _ctx_account, gate="kw"),
-    _Rule("ctx_social", SOCIAL_ACCOUNT, _ctx(_KW_SOCIAL, _V_SOCIAL), 72, _social_value, gate="kw"),
+    _Rule("ctx_social", SOCIAL_ACCOUNT, re.compile(
+        r"(?:" + _KW_SOCIAL + r")(?P<idw>\s*(?i:id|account|username|handle)\b|号|账号)?"
+        r"(?(idw)[ \t:：#]*(?:" + _XMLBREAK + r")?[ \t:：]*|[ \t]*[:：#]?[ \t]*)(?P<v>" + _V_SOCIAL + r")"),
+        72, _social_value, gate="kw"),
     _Rule("ctx_phone", PHONE, _ctx(_KW_PHONE, r"\+?\(?\d[\d\s().\-]{5,22}\d"), 74, _ctx_phone, gate="kw"),
 )
 

@@ -7,8 +7,9 @@ valid for their region per ``phonenumbers``) in English and Chinese (and some Ge
 sentences, UI labels and compressed-XML label/value lines. Values that are ambiguous on their own (a bare
 passport or account number, a FedEx number, a WeChat id) appear the way apps show them: after a label.
 
-Negatives: the UI text of every simulator screen reached by the oracle on a sample of tasks (lines that
-hold a planted personal value removed), a real device dump (test fixtures), and templated UI strings with
+Negatives: the UI text of every simulator screen the oracle reaches on one test task per template of both
+suites — each line alone and each whole screen (context words act across lines), lines that hold a planted
+personal value removed — and templated UI strings with
 the numbers a phone screen is full of: bounds, times, dates, prices, counts, percentages, versions, build
 ids, IPs, sizes, durations, codes, coordinates, ISBNs, IMEIs, and action strings.
 
@@ -488,8 +489,9 @@ def _neg_templates(rng: random.Random) -> list[str]:
     ]
 
 
-def _sim_negatives(rng: random.Random, n_tasks: int = 40) -> list[str]:
-    """UI lines of simulator screens (oracle-reached) that hold no planted personal value."""
+def _sim_negatives(rng: random.Random, n_tasks: int = 200) -> tuple[list[str], list[str]]:
+    """UI lines, and whole screens (compressed XML), of simulator screens reached by the oracle on the test
+    tasks of both suites (one per template), without the lines that hold a planted personal value."""
     try:
         from mobilerl.env.sim.env import SimEnv
         from mobilerl.env.sim.screen import Screen
@@ -497,19 +499,22 @@ def _sim_negatives(rng: random.Random, n_tasks: int = 40) -> list[str]:
         from mobilerl.env.sim.tasks.registry import SUITES, list_tasks
         from mobilerl.env.xml import compress_xml
     except ImportError:  # pragma: no cover
-        return []
+        return [], []
     tasks = [t for s in SUITES for t in list_tasks(s, "test", n=1, with_optimal=False)]
     rng.shuffle(tasks)
     lines: set[str] = set()
+    screens: set[str] = set()
     for task in tasks[:n_tasks]:
         env = SimEnv(perturb="none")
         obs = env.reset(task)
         agent = OracleAgent(env.tmpl, task.params)  # type: ignore[arg-type]
         canaries = env.canaries(materialize=True)
         for _ in range(task.max_steps):
-            for line in compress_xml(obs.xml, width=obs.width, height=obs.height).splitlines():
-                if not any(c in line for c in canaries) and not any(c.split()[0] in line for c in canaries if " " in c):
-                    lines.add(line)
+            keep = [line for line in compress_xml(obs.xml, width=obs.width, height=obs.height).splitlines()
+                    if not any(c in line for c in canaries)
+                    and not any(c.split()[0] in line for c in canaries if " " in c)]
+            lines.update(keep)
+            screens.add("\n".join(keep))
             try:
                 a = agent.act(Screen(obs.xml, obs.app, obs.width, obs.height))
                 res = env.step(a)
@@ -518,7 +523,7 @@ def _sim_negatives(rng: random.Random, n_tasks: int = 40) -> list[str]:
             obs = res.observation
             if res.done:
                 break
-    return sorted(lines)
+    return sorted(lines), sorted(screens)
 
 
 _PII_WORDS = ("@", "Tracking", "tracking", "Package", "order #", "Order #")
@@ -528,10 +533,9 @@ def negatives(rng: random.Random, n_templated: int = 2000, sim: bool = True) -> 
     out = [Sample(t, None, kind="ui/templated") for _ in range(max(1, n_templated // 120)) for t in _neg_templates(rng)]
     out = out[:n_templated]
     if sim:
-        for line in _sim_negatives(rng):
-            # Messages about parcels/orders hold planted order/tracking numbers; the canary filter removed
-            # those lines, what is left is UI text.
-            out.append(Sample(line, None, kind="ui/simulator"))
+        lines, screens = _sim_negatives(rng)
+        out.extend(Sample(line, None, kind="ui/simulator-line") for line in lines)
+        out.extend(Sample(screen, None, kind="ui/simulator-screen") for screen in screens)
     return out
 
 
