@@ -80,6 +80,15 @@ def test_surrogates_stay_consistent_in_an_episode(collected):
     assert t.instruction.split(" of ", 1)[1].split(" to ", 1)[0] in "\n".join(s.xml_compressed for s in t.steps)
 
 
+def test_names_typed_part_by_part_match_the_instruction(collected):
+    root, res, _ = collected
+    t = next(t for t in read_store(root) if t.template == "ContactsAddContact")
+    raw = res.secrets[t.episode_id].task.params
+    typed = [s.action["text"] for s in t.steps if s.action["name"] == "Type"]
+    assert raw["first"] not in typed and raw["last"] not in typed
+    assert f"for {typed[0]} {typed[1]}." in t.instruction  # the fake first and last name, as in the task
+
+
 def test_no_planted_value_is_stored_and_the_audit_passes(collected):
     root, res, _ = collected
     for t in read_store(root):

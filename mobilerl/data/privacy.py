@@ -1063,18 +1063,24 @@ class TextMasker:
             raise ValueError(f"unknown categories {sorted(unknown)}; expected some of {CATEGORIES}")
         self.known: dict[str, str] = {k: v for k, v in (known or {}).items() if k and k.strip()}
         self.parts: dict[str, tuple[str, str]] = {}  # lower(part) -> ("first"/"last", part)
-        for full in name_parts:
-            bits = full.split()
-            if len(bits) >= 2:
-                self.parts.setdefault(bits[0].lower(), ("first", bits[0]))
-                self.parts.setdefault(bits[-1].lower(), ("last", bits[-1]))
         self._known_all = dict(self.known)
-        for _, part in self.parts.values():
-            self._known_all.setdefault(part, PERSON_NAME)
+        self.add_name_parts(name_parts)
         self.surrogates = Surrogates(seed, avoid=[*avoid, *self.known])
         self.counts: Counter = Counter()
         self.inverse: dict[str, str] = {}  # surrogate as written -> raw spelling (memory only)
         self.learned: dict[str, str] = {}  # values detected earlier in the episode (see learn)
+
+    def add_name_parts(self, names: Iterable[str]) -> None:
+        """Mask the first and last names of these full names on their own too (mapped part by part in
+        surrogate mode, so "Ines" and "Tanaka" typed into two fields match the fake "Ines Tanaka")."""
+        for full in names:
+            bits = full.split()
+            if len(bits) < 2:
+                continue
+            for part, word in (("first", bits[0]), ("last", bits[-1])):
+                if len(word) >= 2 and word.lower() not in self.parts:
+                    self.parts[word.lower()] = (part, word)
+                    self._known_all.setdefault(word, PERSON_NAME)
 
     def add_known(self, known: Mapping[str, str]) -> None:
         """More known values (e.g. content a device generated lazily); surrogates will avoid them too."""
