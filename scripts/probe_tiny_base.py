@@ -43,7 +43,8 @@ def main() -> int:
     items = build_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
     acc, _ = score_generate(model, processor, items)
     names = {"ground": "grounding (exact element)", "read": "reading (label -> value)",
-             "type": "instruction-span copy (Type)", "checked": "state: switch on/off",
+             "copy": "instruction-span copy (Type)", "type": "type what the task says, at the field",
+             "checked": "state: switch on/off",
              "app": "state: which app", "find": "state: tap or scroll to target"}
     if args.json:
         print(json.dumps(acc, indent=1))

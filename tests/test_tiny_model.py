@@ -181,3 +181,30 @@ def test_committed_base_loads_offline_and_reads_screens():
     items = build_items(held, profile.data, n_per_kind=12, seed=0, kinds=("ground", "read"))
     acc = score_teacher_forced(model, processor, items, profile.data)
     assert acc["ground"] >= 0.6 and acc["read"] >= 0.6, acc
+
+
+def test_random_spans_are_well_posed_copy_questions():
+    import random
+
+    from mobilerl.models.pretrain_data import copy_qas, random_spans
+
+    ins = "Send the message 'See you at noon' to Bob Smith, then reply to Alice: thanks."
+    spans = random_spans(ins, random.Random(0), 6)
+    assert spans
+    for span in spans:
+        assert span in ins and not ins.startswith(span)
+        assert not set(span) & set(".,;:!?'\"") and len(span.split()) <= 8
+        end = ins.index(span) + len(span)
+        assert end == len(ins) or ins[end] in ".,;:!?'\" " and (ins[end] != " " or ins[end + 1] in "'\"")
+    qas = copy_qas(ins, spans)
+    assert qas and all(q.answer.startswith('do(action="Type", text="') for q in qas)
+
+
+def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
+    from mobilerl.models.pretrain import TrainConfig, lr_at
+
+    cfg = TrainConfig(lr=1e-3, min_lr_ratio=0.1, warmup_steps=10, max_steps=10_000, max_minutes=60)
+    assert lr_at(0, cfg) < lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg, minutes=30) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert lr_at(100, cfg, minutes=60) == pytest.approx(1e-4)
+    assert lr_at(10_000, cfg, minutes=1) == pytest.approx(1e-4)

@@ -56,9 +56,22 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"observation mode must be one of {OBSERVATION_MODES}, got {mode!r}")
 
 
-def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False) -> str:
-    """The system prompt for an observation ``mode``; ``reasoning`` asks for ``<think>`` before the answer."""
+PROMPT_STYLES = ("full", "compact")
+
+
+def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False, style: str = "full") -> str:
+    """The system prompt for an observation ``mode``; ``reasoning`` asks for ``<think>`` before the answer.
+
+    ``style="full"`` (the large profiles) spells out the action space; ``"compact"`` (the tiny profile,
+    trained from scratch on this format, where every prompt token costs CPU time in SFT, evaluation and
+    RL) states only the response format.
+    """
     _check_mode(mode)
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+    if style == "compact":
+        return ("Android agent. Think inside <think></think>, then give one action inside <answer></answer>."
+                if reasoning else "Android agent. Give one action inside <answer></answer>.")
     fmt = ("First think step by step inside <think></think>, then give exactly one action inside "
            "<answer></answer>:\n<think>...</think><answer>do(...)</answer>"
            if reasoning else
@@ -130,21 +143,22 @@ def build_messages(
     mode: str = "screenshot+xml",
     reasoning: bool = False,
     max_history: int | None = None,
+    style: str = "full",
 ) -> list[dict[str, str]]:
     """``[{"role": "system", ...}, {"role": "user", ...}]`` for one step (string contents, ``<image>``
     placeholder in screenshot modes)."""
     return [
-        {"role": "system", "content": system_prompt(mode, reasoning)},
+        {"role": "system", "content": system_prompt(mode, reasoning, style)},
         {"role": "user", "content": user_prompt(instruction, history, xml_compressed, app=app, mode=mode,
                                                 max_history=max_history)},
     ]
 
 
 def messages_for_context(ctx: Any, *, mode: str = "screenshot+xml", reasoning: bool = False,
-                         max_history: int | None = None) -> list[dict[str, str]]:
+                         max_history: int | None = None, style: str = "full") -> list[dict[str, str]]:
     """:func:`build_messages` for a :class:`~mobilerl.agent.policy.PolicyContext` (the rollout's state)."""
     return build_messages(ctx.task.instruction, ctx.history, ctx.xml_compressed, app=ctx.observation.app,
-                          mode=mode, reasoning=reasoning, max_history=max_history)
+                          mode=mode, reasoning=reasoning, max_history=max_history, style=style)
 
 
 def to_hf_messages(messages: Sequence[dict[str, str]]) -> list[dict[str, Any]]:

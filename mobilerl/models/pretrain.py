@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mobilerl.models.pretrain_data import DataConfig, Encoded, ScreenState, encode, stream_examples
+from mobilerl.models.pretrain_data import KINDS, DataConfig, Encoded, ScreenState, encode, stream_examples
 from mobilerl.models.tiny import TinyShape
 
 
@@ -44,10 +44,12 @@ class TrainConfig:
     batch_tokens: int = 12288  # tokens per optimizer step (sequences are added until reached)
     max_steps: int = 3000
     max_minutes: float = 110.0  # safety stop (the schedule is by steps)
+    stop_step: int = 0  # > 0: stop there (the schedule still runs to max_steps; for short experiments)
     log_every: int = 20
     probe_every: int = 250
     probe_items: int = 60  # held-out items per kind for the in-training probe
     probe_window: int = 0  # > 0: also probe on windows of at most this many lines (keys "win_<kind>")
+    probe_kinds: list[str] | None = None  # question kinds probed (None: all pretraining kinds)
     save_every_minutes: float = 10.0
     threads: int = 2
     seed: int = 0
@@ -182,10 +184,14 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any]):
     return loss, stats
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: TrainConfig, minutes: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay over whichever runs out first: ``max_steps`` or ``max_minutes``
+    (a run stopped by the clock still ends at the low learning rate)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     t = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    if cfg.max_minutes > 0:
+        t = max(t, minutes / cfg.max_minutes)
     t = min(1.0, t)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
@@ -199,11 +205,17 @@ def prepare_states(profile: Profile, log: Any = print) -> tuple[list[ScreenState
 
     t0 = time.time()
     train = collect_states(split="train", n_per_template=profile.n_train_per_template,
-                           explore=profile.explore, seed=profile.train.seed, render=profile.render)
+                           explore=profile.explore, seed=profile.train.seed, render=profile.render,
+                           workers=profile.train.threads)
     log(f"collected {len(train)} train-split screens in {time.time() - t0:.0f}s")
     t0 = time.time()
-    test = held_out_states(n_per_template=profile.probe_per_template, seed=profile.train.seed + 1)
-    log(f"collected {len(test)} held-out test-split screens in {time.time() - t0:.0f}s")
+    test = held_out_states(n_per_template=profile.probe_per_template, seed=profile.train.seed + 1,
+                           workers=profile.train.threads)
+    seen = {s.nodes for s in train}
+    n_all = len(test)
+    test = [s for s in test if s.nodes not in seen]  # a screen identical to a training one is not held out
+    log(f"collected {len(test)} held-out test-split screens in {time.time() - t0:.0f}s "
+        f"({n_all - len(test)} identical to a train screen dropped)")
     return train, test
 
 
@@ -271,7 +283,8 @@ def pretrain(
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, tokens, minutes_before = state["step"], state["tokens"], state["minutes"]
-    probe_items = build_items(test_states, dcfg, n_per_kind=cfg.probe_items, seed=cfg.seed)
+    probe_items = build_items(test_states, dcfg, n_per_kind=cfg.probe_items, seed=cfg.seed,
+                              kinds=tuple(cfg.probe_kinds or KINDS))
     win_items = (build_items(test_states, dcfg, n_per_kind=cfg.probe_items, seed=cfg.seed + 1,
                              kinds=("ground", "read"), max_lines=cfg.probe_window) if cfg.probe_window else [])
     log(f"model: {tiny.n_params(model) / 1e6:.2f}M params ({tiny.n_params(model, True) / 1e6:.2f}M text), "
@@ -318,10 +331,11 @@ def pretrain(
 
     model.train()
     last_probe: dict[str, float] = {}
-    while step < cfg.max_steps and minutes() < cfg.max_minutes:
+    last = min(cfg.max_steps, cfg.stop_step or cfg.max_steps)
+    while step < last and minutes() < cfg.max_minutes:
         encs = next(batches)
         ids, w, extra = collate(encs, ids_special["pad"], ids_special["image"])
-        lr = lr_at(step, cfg)
+        lr = lr_at(step, cfg, minutes())
         for g in opt.param_groups:
             g["lr"] = lr
         loss, stats = loss_fn(model, ids, w, extra)

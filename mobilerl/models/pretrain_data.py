@@ -56,7 +56,7 @@ from mobilerl.env.xml import UINode, compress_nodes
 
 Grounding = Literal["bbox", "index"]
 Coords = Literal["rel", "abs"]
-KINDS: tuple[str, ...] = ("ground", "read", "checked", "app", "find", "type")
+KINDS: tuple[str, ...] = ("ground", "read", "checked", "app", "find", "copy", "type")
 # "act" (the expert's next action, i.e. behaviour cloning) is not pretraining data: it exists for the
 # SFT counterfactual experiments (docs/tiny_base.md), which reuse this harness.
 ALL_KINDS: tuple[str, ...] = (*KINDS, "act")
@@ -80,6 +80,7 @@ class ScreenState:
     offscreen: tuple[UINode, ...] = ()  # kept nodes of scrolled-away content (not on screen)
     action: str | None = None  # the expert's action here (absolute pixels), None off-policy
     png: bytes | None = None  # screenshot, when collected with render=True
+    history: tuple[str, ...] = ()  # the actions taken before this screen in the episode (absolute pixels)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,10 +104,12 @@ class ScreenState:
             offscreen=nodes(d["offscreen"]),
             action=d.get("action"),
             png=bytes.fromhex(d["png"]) if d.get("png") else None,
+            history=tuple(d.get("history") or ()),
         )
 
 
-def _snapshot(env: Any, obs: Any, action: Action | None, png_size: tuple[int, int] | None) -> ScreenState:
+def _snapshot(env: Any, obs: Any, action: Action | None, png_size: tuple[int, int] | None,
+              history: Sequence[Action] = ()) -> ScreenState:
     nodes = tuple(compress_nodes(obs.xml, width=obs.width, height=obs.height))
     on = set(nodes)
     every = compress_nodes(obs.xml, keep_offscreen=True, width=obs.width, height=obs.height)
@@ -126,6 +129,7 @@ def _snapshot(env: Any, obs: Any, action: Action | None, png_size: tuple[int, in
         offscreen=off,
         action=format_action(action) if action is not None else None,
         png=png,
+        history=tuple(format_action(a) for a in history),
     )
 
 
@@ -159,7 +163,7 @@ def _collect_task(task_id: str, seed: int, explore: float, render: float,
         done = False
         while not done:
             a = agent.act(Screen(obs.xml, obs.app, obs.width, obs.height))
-            out.append(_snapshot(env, obs, a, png_size if shots else None))
+            out.append(_snapshot(env, obs, a, png_size if shots else None, actions))
             actions.append(a)
             res = env.step(a)
             obs, done = res.observation, res.done
@@ -169,13 +173,16 @@ def _collect_task(task_id: str, seed: int, explore: float, render: float,
         # Off-policy screens: replay to a random step, then wander for 1-3 random actions.
         env = SimEnv(render=shots, perturb="default")
         obs = env.reset(task)
-        for a in actions[: rng.randrange(len(actions))]:
+        done_actions = list(actions[: rng.randrange(len(actions))])
+        for a in done_actions:
             obs = env.step(a).observation
         for _ in range(rng.randint(1, 3)):
             s = _snapshot(env, obs, None, None)
-            res = env.step(_random_action(s, rng))
+            a = _random_action(s, rng)
+            res = env.step(a)
+            done_actions.append(a)
             obs = res.observation
-            out.append(_snapshot(env, obs, None, png_size if shots else None))
+            out.append(_snapshot(env, obs, None, png_size if shots else None, done_actions))
             if res.done:
                 break
     return out
@@ -366,6 +373,68 @@ def _checkable_name(nodes: Sequence[UINode], i: int) -> str:
     return ""
 
 
+_QUOTED = re.compile(r"""(?:^|(?<=\s))(['"])([^'"]{1,80})\1(?=[\s.,;:!?)]|$)""")
+
+
+def instruction_spans(instruction: str, typed: Iterable[str] = ()) -> list[str]:
+    """Spans of the instruction an agent may have to type: the expert's typed texts that occur in it,
+    and quoted strings."""
+    out: list[str] = []
+    for t in typed:
+        if t and t in instruction and t not in out:
+            out.append(t)
+    for m in _QUOTED.finditer(instruction):
+        if m.group(2) not in out:
+            out.append(m.group(2))
+    return out
+
+
+def random_spans(instruction: str, rng: random.Random, k: int, max_words: int = 8) -> list[str]:
+    """Up to ``k`` random spans of the instruction for extra span-copy practice on every screen: from a
+    word (not the first) up to the next punctuation mark or quote, at most ``max_words`` words. Spans end
+    where a span an agent types usually ends (a quote, the end of a clause), so the question is
+    well-posed: the cue fixes the start and the text fixes the end."""
+    starts = [m.start() for m in re.finditer(r"(?<=\s)[^\s'\"]", instruction)]
+    out: list[str] = []
+    for at in rng.sample(starts, min(len(starts), 3 * k)):
+        m = re.match(r"[^.,;:!?'\"]+", instruction[at:])
+        span = m.group(0).strip() if m else ""
+        if span and len(span.split()) <= max_words and span not in out:
+            out.append(span)
+        if len(out) >= k:
+            break
+    return out
+
+
+def typed_texts(states: Iterable[ScreenState]) -> dict[str, tuple[str, ...]]:
+    """task id -> the texts the expert typed in that task (from the states' actions)."""
+    out: dict[str, list[str]] = {}
+    for st in states:
+        if st.action and st.action.startswith('do(action="Type"'):
+            text = A.parse_action(st.action).text or ""
+            out.setdefault(st.task_id, [])
+            if text and text not in out[st.task_id]:
+                out[st.task_id].append(text)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def copy_qas(instruction: str, spans: Sequence[str]) -> list[QA]:
+    """``type after "<cue>"`` → ``do(action="Type", text="<span>")``: the cue is the 1-3 words before
+    the span's first occurrence (unique in the instruction); spans at the very start are skipped."""
+    out = []
+    for span in spans:
+        at = instruction.find(span)
+        if at <= 0:
+            continue
+        words = instruction[:at].rstrip(" '\"").split()
+        for k in (1, 2, 3):
+            cue = " ".join(words[-k:]).strip("'\"")
+            if cue and '"' not in cue and instruction.count(cue) == 1:
+                out.append(QA("copy", f"type after {_quote(cue)}", format_action(Action(A.TYPE, text=span))))
+                break
+    return out
+
+
 def make_qas(
     state: ScreenState,
     nodes: Sequence[UINode],
@@ -375,6 +444,7 @@ def make_qas(
     full: bool = True,
     weights: dict[str, float] | None = None,
     n: int = 16,
+    spans: Sequence[str] = (),
 ) -> list[QA]:
     """Up to ``n`` questions about the screen ``nodes`` (a window of ``state.nodes`` unless ``full``).
 
@@ -415,6 +485,7 @@ def make_qas(
             text = A.parse_action(state.action).text or ""
             if text and text in state.instruction:
                 pools["type"].append(QA("type", "type?", state.action))
+        pools["copy"].extend(copy_qas(state.instruction, spans))
         if state.action:
             pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding)))
     weights = weights or {k: 1.0 for k in KINDS}
@@ -446,7 +517,8 @@ class DataConfig:
     coords: Coords = "rel"
     numbered: bool = False  # number the screen lines (forced on in index mode)
     weights: dict[str, float] = field(
-        default_factory=lambda: {"ground": 4.0, "read": 2.0, "checked": 1.0, "app": 0.5, "find": 1.5, "type": 4.0}
+        default_factory=lambda: {"ground": 4.0, "read": 3.0, "checked": 1.0, "app": 0.5, "find": 1.5, "copy": 2.0,
+                                 "type": 4.0}
     )
     questions: int = 24  # questions per screen (before truncation to max_len)
     max_len: int = 1024  # tokens per sequence
@@ -455,6 +527,10 @@ class DataConfig:
     ramp: float = 0.5  # fraction of training over which the window grows to the full screen
     full_prob: float = 0.3  # after the ramp starts: chance of a full screen regardless of the window
     image_prob: float = 0.0  # chance that a sequence carries the screenshot (states with one only)
+    type_frac: float = 0.1  # share of sequences drawn from states where the expert types an instruction span
+    prompt: Literal["compact", "policy"] = "compact"  # policy: the first turn is mobilerl.agent.prompt's
+    system_prob: float = 0.0  # policy prompt: share of sequences that start with its system prompt
+    random_spans: int = 0  # extra random instruction spans per screen offered as copy questions
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -474,14 +550,47 @@ class Example:
     image: bytes | None = None
 
 
-def prompt_text(state: ScreenState, screen: str, with_image: bool = False) -> str:
-    """The first user turn (before the first question): instruction, optional image, screen lines."""
-    img = "<|vision_start|><|image_pad|><|vision_end|>" if with_image else ""
-    return f"{img}Task: {state.instruction}\nScreen:\n{screen}\n"
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+ACTION_KINDS = ("ground", "find", "copy", "type", "act")  # kinds whose answer is an action
+
+
+def history_responses(state: ScreenState, coords: Coords) -> list[str]:
+    """The episode's previous actions as a reasoning-free policy wrote them (``<answer>…</answer>``)."""
+    out = []
+    for h in state.history:
+        a = A.parse_action(h)
+        if a.element is not None and coords == "rel":
+            a = A.convert_action(a, state.width, state.height, "relative")
+        out.append(f"<answer>{format_action(a)}</answer>")
+    return out
+
+
+def prompt_text(state: ScreenState, screen: str, with_image: bool = False, cfg: DataConfig | None = None) -> str:
+    """The first user turn up to the first question: in ``compact`` form instruction + screen lines; in
+    ``policy`` form :func:`mobilerl.agent.prompt.user_prompt` (task, previous actions, app, elements)."""
+    img = IMAGE_PLACEHOLDER if with_image else ""
+    if cfg is None or cfg.prompt == "compact":
+        return f"{img}Task: {state.instruction}\nScreen:\n{screen}\n"
+    from mobilerl.agent import prompt
+
+    text = prompt.user_prompt(state.instruction, history_responses(state, cfg.coords), screen, app=state.app,
+                              mode="xml")
+    return img + text + "\n"
+
+
+def system_message(cfg: DataConfig) -> dict[str, str]:
+    from mobilerl.agent import prompt
+
+    return {"role": "system", "content": prompt.system_prompt("xml")}
+
+
+def wrap_answer(qa: QA, cfg: DataConfig) -> str:
+    return f"<answer>{qa.answer}</answer>" if cfg.prompt == "policy" and qa.kind in ACTION_KINDS else qa.answer
 
 
 def build_example(
-    state: ScreenState, rng: random.Random, cfg: DataConfig, progress: float = 1.0, n_questions: int | None = None
+    state: ScreenState, rng: random.Random, cfg: DataConfig, progress: float = 1.0, n_questions: int | None = None,
+    spans: Sequence[str] = (),
 ) -> Example:
     """A chat (``messages``) asking many questions about one (possibly windowed) screen."""
     numbered = cfg.numbered or cfg.grounding == "index"
@@ -493,15 +602,17 @@ def build_example(
         start = rng.randrange(len(state.nodes) - k + 1)
         nodes = state.nodes[start : start + k]
     qas = make_qas(
-        state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions
+        state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions, spans
     )
     screen = render_screen(nodes, state.width, state.height, cfg.coords, numbered)
     with_image = state.png is not None and rng.random() < cfg.image_prob
     msgs: list[dict[str, Any]] = []
+    if qas and cfg.prompt == "policy" and rng.random() < cfg.system_prob:
+        msgs.append(system_message(cfg))
     for j, qa in enumerate(qas):
-        user = (prompt_text(state, screen, with_image) if j == 0 else "") + qa.question
+        user = (prompt_text(state, screen, with_image, cfg) if j == 0 else "") + qa.question
         msgs.append({"role": "user", "content": user})
-        msgs.append({"role": "assistant", "content": qa.answer})
+        msgs.append({"role": "assistant", "content": wrap_answer(qa, cfg)})
     return Example(msgs, [qa.kind for qa in qas], state.png if with_image else None)
 
 
@@ -572,21 +683,44 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
 def stream_examples(
     states: Sequence[ScreenState], cfg: DataConfig, seed: int = 0, progress: Any = None
 ) -> Iterator[Example]:
-    """Endless examples, states drawn uniformly; ``progress`` is a callable giving training progress."""
+    """Endless examples; ``progress`` is a callable giving training progress.
+
+    States are drawn uniformly, except that a share ``cfg.type_frac`` of the sequences is drawn from the
+    (rare) states where the expert types a span of the instruction, so span copying gets examples.
+    """
     rng = random.Random(seed)
+    typed = typed_texts(states)
+    type_states = [
+        s for s in states
+        if s.action and s.action.startswith('do(action="Type"')
+        and (A.parse_action(s.action).text or "\0") in s.instruction
+    ]
     while True:
-        st = states[rng.randrange(len(states))]
+        if type_states and rng.random() < cfg.type_frac:
+            st = type_states[rng.randrange(len(type_states))]
+        else:
+            st = states[rng.randrange(len(states))]
         if not st.nodes:
             continue
-        ex = build_example(st, rng, cfg, progress() if progress else 1.0)
+        spans = instruction_spans(st.instruction, typed.get(st.task_id, ()))
+        if cfg.random_spans:
+            spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans) if x not in spans]
+        ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
         if ex.messages:
             yield ex
 
 
 def corpus_texts(states: Iterable[ScreenState], rng: random.Random | None = None) -> Iterator[str]:
     """Text for training the tokenizer: every rendering of the screens, questions and answers."""
+    from mobilerl.agent import prompt
+
     rng = rng or random.Random(0)
+    for mode in prompt.OBSERVATION_MODES:
+        for reasoning in (False, True):
+            yield prompt.system_prompt(mode, reasoning) * 20
+    policy = DataConfig(prompt="policy")
     for st in states:
+        yield prompt_text(st, "", cfg=policy)
         for coords in ("rel", "abs"):
             for numbered in (False, True):
                 yield render_screen(st.nodes, st.width, st.height, coords, numbered)  # type: ignore[arg-type]

@@ -16,7 +16,9 @@ same element's box on the 0-999 grid, or its index; ``read``: the same text; ``t
   (and, for ``ground`` in ``bbox`` mode, also whether the tap's centre lands inside the target).
 
 Acceptance figures (``scripts/probe_tiny_base.py``): ``ground`` = grounding exact element, ``read`` =
-reading, ``type`` = instruction-span copy.
+reading, ``copy`` = instruction-span copy (``type after "<words>"`` → the ``Type`` action with the span of
+the instruction that follows those words). ``type`` (the Type action on a screen where the expert types
+a span of the instruction, with no cue) is reported beside them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mobilerl.models.pretrain_data import (
+    ALL_KINDS,
     KINDS,
     DataConfig,
     Example,
@@ -37,9 +40,11 @@ from mobilerl.models.pretrain_data import (
     make_qas,
     prompt_text,
     render_screen,
+    system_message,
+    wrap_answer,
 )
 
-ACCEPTANCE = {"ground": 0.90, "read": 0.90, "type": 0.95}
+ACCEPTANCE = {"ground": 0.90, "read": 0.90, "copy": 0.95}
 
 
 @dataclass
@@ -50,12 +55,13 @@ class ProbeItem:
 
 
 def held_out_states(
-    n_per_template: int | None = 3, seed: int = 1, explore: float = 0.5, render: float = 0.0
+    n_per_template: int | None = 3, seed: int = 1, explore: float = 0.5, render: float = 0.0, workers: int = 1,
 ) -> list[ScreenState]:
     """Screens from ``test``-split tasks (never used in training)."""
     from mobilerl.models.pretrain_data import collect_states
 
-    return collect_states(split="test", n_per_template=n_per_template, explore=explore, seed=seed, render=render)
+    return collect_states(split="test", n_per_template=n_per_template, explore=explore, seed=seed, render=render,
+                          workers=workers)
 
 
 def build_items(
@@ -67,8 +73,11 @@ def build_items(
     ``max_lines > 0`` asks about a random window of at most that many consecutive lines instead of the
     full screen (to watch the mechanism form before the curriculum reaches full screens).
     """
+    from mobilerl.models.pretrain_data import instruction_spans, typed_texts
+
     rng = random.Random(seed)
     numbered = cfg.numbered or cfg.grounding == "index"
+    typed = typed_texts(states)
     by_kind: dict[str, list[ProbeItem]] = defaultdict(list)
     order = list(range(len(states)))
     rng.shuffle(order)
@@ -81,7 +90,9 @@ def build_items(
             start = rng.randrange(len(nodes) - max_lines + 1)
             nodes = nodes[start : start + max_lines]
         full = len(nodes) == len(st.nodes)
-        qas = make_qas(st, nodes, rng, cfg.coords, cfg.grounding, full, {k: 1.0 for k in KINDS}, n=64)
+        spans = instruction_spans(st.instruction, typed.get(st.task_id, ()))
+        qas = make_qas(st, nodes, rng, cfg.coords, cfg.grounding, full, {k: 1.0 for k in ALL_KINDS}, n=64,
+                       spans=spans)
         seen: set[str] = set()
         screen = None
         for qa in qas:
@@ -91,8 +102,9 @@ def build_items(
             if screen is None:
                 screen = render_screen(nodes, st.width, st.height, cfg.coords, numbered)
             msgs = [
-                {"role": "user", "content": prompt_text(st, screen) + qa.question},
-                {"role": "assistant", "content": qa.answer},
+                *([system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []),
+                {"role": "user", "content": prompt_text(st, screen, cfg=cfg) + qa.question},
+                {"role": "assistant", "content": wrap_answer(qa, cfg)},
             ]
             by_kind[qa.kind].append(ProbeItem(qa.kind, Example(msgs, [qa.kind]), si))
         if all(len(by_kind[k]) >= n_per_kind for k in kinds):
@@ -167,14 +179,14 @@ def score_generate(
     tok.padding_side = "left"
     try:
         for batch in _batches(list(items), batch_size):
-            prompts = [chat_text(it.example.messages[:1]) + "<|im_start|>assistant\n" for it in batch]
+            prompts = [chat_text(it.example.messages[:-1]) + "<|im_start|>assistant\n" for it in batch]
             enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
             new = out[:, enc["input_ids"].shape[1] :]
             for it, seq in zip(batch, new, strict=True):
                 text = tok.decode(seq, skip_special_tokens=True).strip()
-                target = it.example.messages[1]["content"]
+                target = it.example.messages[-1]["content"]
                 ok = text == target
                 total[it.kind] += 1
                 right[it.kind] += ok
@@ -222,6 +234,7 @@ def rollout_success(
                 env.reset(get_task(tid, with_optimal=False))
                 envs[tid] = env
             used = dict.fromkeys(chunk, 0)
+            history: dict[str, list[str]] = {tid: [] for tid in chunk}
             live = list(chunk)
             while live:
                 prompts, nodes_of = [], {}
@@ -230,10 +243,12 @@ def rollout_success(
                     obs = env._observe()
                     nodes = compress_nodes(obs.xml, width=obs.width, height=obs.height)
                     nodes_of[tid] = nodes
-                    st = ScreenState(tid, env.task.instruction, obs.app, obs.width, obs.height, tuple(nodes))
+                    st = ScreenState(tid, env.task.instruction, obs.app, obs.width, obs.height, tuple(nodes),
+                                     history=tuple(history[tid]))
                     screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
-                    prompts.append(chat_text([{"role": "user", "content": prompt_text(st, screen) + "action?"}])
-                                   + "<|im_start|>assistant\n")
+                    msgs = [*([system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []),
+                            {"role": "user", "content": prompt_text(st, screen, cfg=cfg) + "action?"}]
+                    prompts.append(chat_text(msgs) + "<|im_start|>assistant\n")
                 enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
                 with torch.no_grad():
                     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
@@ -247,6 +262,7 @@ def rollout_success(
                         if act.element is not None and cfg.coords == "rel" and "index=" not in text:
                             act = A.convert_action(act, env.device.width, env.device.height, "absolute")
                         done = env.step(act).done
+                        history[tid].append(A.format_action(act))
                     except A.ActionParseError:
                         done = used[tid] >= env.task.max_steps
                     if done or used[tid] >= env.task.max_steps:
