@@ -35,12 +35,15 @@ def setup() -> str:
     import mlflow
 
     uri = tracking_uri()
-    if uri.startswith("sqlite:///"):
-        (ROOT / "mlruns").mkdir(exist_ok=True)
+    db_dir = Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
+    if db_dir is not None:
+        db_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(EXPERIMENT)
     if exp is None:
-        artifacts = (ROOT / "mlruns" / "artifacts").as_uri() if uri.startswith("sqlite:") else None
+        # artifacts beside the database (the default: mlruns/artifacts), so a store elsewhere (a test's,
+        # a temporary pipeline copy's) keeps its artifacts, checkpoints included, out of the workspace
+        artifacts = (db_dir / "artifacts").as_uri() if db_dir is not None else None
         return mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
     return exp.experiment_id
 
@@ -150,13 +153,23 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
 
 
 def register_model(model_dir: Path, name: str, alias: str) -> str:
-    """Log ``model_dir`` as the active run's artifact, register it as ``name`` and point ``alias`` at it."""
+    """Log ``model_dir`` as the active run's artifact, register it as ``name`` and point ``alias`` at it.
+
+    The version's source is the run's ``model`` artifact folder (an HF checkpoint, not an MLflow-flavoured
+    model: ``mlflow.register_model("runs:/…")`` wants an ``MLmodel`` file or a LoggedModel in MLflow 3)."""
     import mlflow
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
-    mlflow.log_artifacts(str(model_dir), artifact_path="model")
     run = mlflow.active_run()
     assert run is not None, "register_model needs an active run"
-    version = mlflow.register_model(f"runs:/{run.info.run_id}/model", name)
-    MlflowClient().set_registered_model_alias(name, alias, version.version)
+    mlflow.log_artifacts(str(model_dir), artifact_path="model")
+    client = MlflowClient()
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    version = client.create_model_version(name, source=mlflow.get_artifact_uri("model"), run_id=run.info.run_id)
+    client.set_registered_model_alias(name, alias, version.version)
     return version.version

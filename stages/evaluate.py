@@ -1,18 +1,23 @@
 """Stage `evaluate`: every policy × every benchmark, all episodes concurrent through the env pool.
 
-Policies are named in params: ``oracle`` and ``random`` are the baselines that are always present;
-checkpoint policies join as the training stages land. Outs: one JSONL of trajectories per
-(policy, suite) under ``data/eval/trajectories/``; metrics: ``data/eval/summary.json`` — the summary of
-each (policy, suite) with the id of the nested MLflow run it was logged to.
+Policies are named in params: ``oracle`` and ``random`` are the baselines that are always present; any other
+name is a checkpoint listed under ``checkpoints`` (name -> repo-relative model directory), served by the
+generation backend of the model ``profile`` and prompted the way that profile's checkpoints are trained
+(observation mode, prompt style, history; ``configs/models/<profile>.yaml`` → ``generation:``). Outs: one
+JSONL of trajectories per (policy, suite) under ``data/eval/trajectories/``; metrics:
+``data/eval/summary.json`` — the summary of each (policy, suite) with the id of the nested MLflow run it was
+logged to.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Literal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mobilerl import tracking
 from mobilerl.env.base import TaskSpec
@@ -22,16 +27,40 @@ TASKS = ROOT / "data" / "tasks" / "suites"
 OUT = ROOT / "data" / "eval"
 
 
+BASELINES = ("oracle", "random")
+
+
+class CheckpointSpec(StageConfig):
+    """A checkpoint policy (``evaluate.checkpoints.<name>``); a bare string is its ``path``."""
+
+    path: str = Field(description="Model directory, relative to the repo (or absolute).")
+    reasoning: bool = Field(False, description="Prompt for <think> before the answer (reasoning checkpoints).")
+    max_new_tokens: int | None = Field(None, ge=1, description="Response cap (default: the profile's).")
+
+
 class EvaluateConfig(StageConfig):
     suites: list[Literal["world", "lab"]] = Field(["world", "lab"], description="Benchmarks to run.")
     split: Literal["test", "train"] = Field("test", description="Which split of each suite.")
     policies: list[str] = Field(["oracle", "random"], description="Policy names (baselines or checkpoints).")
+    checkpoints: dict[str, CheckpointSpec] = Field(
+        {}, description="Checkpoint policies: name -> model directory (or {path, reasoning, max_new_tokens}).")
+    profile: str = Field("tiny", description="Model profile of the checkpoints (backend, prompt format).")
     n_trials: int = Field(1, ge=1, description="Trials per task (pass@k needs n ≥ k).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature of model policies.")
     perturb: str = Field("default", description="Simulator perturbation profile.")
-    concurrency: int = Field(16, ge=1, description="Episodes in flight (env pool size).")
+    concurrency: int = Field(16, ge=1, description="Episodes in flight (env pool size) for the baselines.")
+    model_concurrency: int = Field(
+        128, ge=1, description="Episodes in flight for checkpoint policies (≥ 2 × the profile's max_batch keeps "
+                               "the model busy while the other half of the episodes step their envs).")
     max_per_template: int | None = Field(None, ge=1, description="Cap on tasks per template (smoke runs).")
     seed: int = Field(0, description="Base seed of the policies' sampling.")
+
+    @field_validator("checkpoints", mode="before")
+    @classmethod
+    def _bare_paths(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: {"path": c} if isinstance(c, str) else c for k, c in v.items()}
+        return v
 
 
 def load_tasks(suite: str, split: str, max_per_template: int | None = None) -> list[TaskSpec]:
@@ -50,31 +79,84 @@ def load_tasks(suite: str, split: str, max_per_template: int | None = None) -> l
     return tasks
 
 
-def make_policy_factory(name: str, temperature: float):
+def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
+    """Every policy name is a baseline or a listed checkpoint whose directory holds a model (checked before
+    anything runs, so a typo does not surface after an hour of baselines)."""
+    for name in cfg.checkpoints:
+        if name in BASELINES:
+            raise ValueError(f"evaluate.checkpoints.{name}: {name!r} is a baseline name; pick another")
+    for i, name in enumerate(cfg.policies):
+        if name in BASELINES:
+            continue
+        if name not in cfg.checkpoints:
+            known = ", ".join([*BASELINES, *cfg.checkpoints])
+            raise ValueError(f"evaluate.policies[{i}]: unknown policy {name!r} (known: {known}; a checkpoint "
+                             f"needs an entry under evaluate.checkpoints)")
+        path = checkpoint_path(cfg.checkpoints[name], root)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"evaluate.checkpoints.{name}: {path} is not a model directory (no config.json); "
+                             f"run the stage that trains it (dvc repro)")
+
+
+def checkpoint_path(spec: CheckpointSpec, root: Path = ROOT) -> Path:
+    p = Path(spec.path)
+    return p if p.is_absolute() else root / p
+
+
+def make_policy_factory(name: str, cfg: EvaluateConfig, root: Path = ROOT) -> tuple[Callable[[int], Any], int]:
+    """``(seed -> policy, episodes in flight)`` for a baseline or a checkpoint (loaded here)."""
     from mobilerl.agent import OraclePolicy, RandomPolicy
 
     if name == "oracle":
-        return lambda seed: OraclePolicy()
+        return (lambda seed: OraclePolicy()), cfg.concurrency
     if name == "random":
-        return lambda seed: RandomPolicy(seed)
-    raise ValueError(f"evaluate.policies: unknown policy {name!r} (known: oracle, random)")
+        return (lambda seed: RandomPolicy(seed)), cfg.concurrency
+    if name not in cfg.checkpoints:
+        raise ValueError(f"evaluate.policies: unknown policy {name!r} (known: "
+                         f"{', '.join([*BASELINES, *cfg.checkpoints])})")
+    return checkpoint_policy(name, cfg.checkpoints[name], cfg, root).with_seed, cfg.model_concurrency
+
+
+def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root: Path = ROOT):
+    """A :class:`~mobilerl.agent.model_policy.ModelPolicy` over the checkpoint, with the profile's backend
+    settings and prompt format."""
+    from mobilerl.agent.model_policy import ModelPolicy
+    from mobilerl.models.backends import make_backend, profile_spec
+    from mobilerl.models.generation import SamplingConfig
+    from mobilerl.models.profiles import load_profile
+
+    try:
+        profile = load_profile(cfg.profile)
+    except KeyError as e:
+        raise ValueError(f"evaluate.profile: {e.args[0]}") from None
+    g = profile.generation
+    if g.kind == "openai":
+        raise ValueError(f"evaluate.profile: {cfg.profile!r} serves through kind 'openai' (a server with its own "
+                         f"weights); checkpoint policies need kind 'hf' or 'vllm'")
+    path = checkpoint_path(spec, root)
+    backend = make_backend({**profile_spec(profile), "model": str(path), "name": name})
+    sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=spec.max_new_tokens or g.max_new_tokens,
+                              seed=cfg.seed)
+    return ModelPolicy(backend, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
+                       reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style)
 
 
 def main() -> None:
     from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
 
     cfg = load_params("evaluate", EvaluateConfig)
-    factories = {name: make_policy_factory(name, cfg.temperature) for name in cfg.policies}
+    check_policies(cfg)
     summary: dict = {}
     (OUT / "trajectories").mkdir(parents=True, exist_ok=True)
+    tasks_by_suite = {suite: load_tasks(suite, cfg.split, cfg.max_per_template) for suite in cfg.suites}
     with tracking.stage_run("evaluate", cfg.model_dump()):
-        for suite in cfg.suites:
-            tasks = load_tasks(suite, cfg.split, cfg.max_per_template)
-            texts = sim_template_texts(tasks)
-            for name, factory in factories.items():
+        for name in cfg.policies:
+            factory, concurrency = make_policy_factory(name, cfg)
+            for suite, tasks in tasks_by_suite.items():
+                texts = sim_template_texts(tasks)
                 with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
                     t0 = time.perf_counter()
-                    trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=cfg.concurrency,
+                    trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
                                           perturb=cfg.perturb, base_seed=cfg.seed, progress=False,
                                           out_path=OUT / "trajectories" / f"{name}__{suite}.jsonl")
                     wall = time.perf_counter() - t0

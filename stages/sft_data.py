@@ -1,9 +1,12 @@
 """Stage `sft_data`: the reasoning-free SFT dataset (LLaMA-Factory sharegpt multimodal) from the stores.
 
-One sample per step — task, history of previous actions, current screenshot and compressed XML → action
-(:mod:`mobilerl.agent.prompt`) — from the sources of ``data/collect/stores`` that exist (``collected``,
-``human``, ``androidcontrol``), deduplicated, split by task into train/validation, each source's train
-samples resampled by its mixing weight (MobileRL Table 7 mixes human annotations with AndroidControl).
+One sample per step — task, history of previous actions, current screenshot and/or compressed XML
+(``mode``) → action, under the ``prompt_style`` system prompt (:mod:`mobilerl.agent.prompt`; the tiny
+profile reads the XML alone with the compact prompt, the large profiles screenshot+xml with the full one) —
+from the sources of ``data/collect/stores`` that exist (``collected``, ``human``, ``androidcontrol``),
+deduplicated, split by task into train/validation, each source's train samples resampled by its mixing
+weight (MobileRL Table 7 mixes human annotations with AndroidControl). The prompt format is recorded in
+``stats.json``: the SFT stages check it against the profile and the reasoning stages reuse it.
 Only data whose privacy audit passed is used (``data/privacy/metrics.json``).
 
 Outs: ``data/sft/dataset/`` (``dataset_info.json``, ``train.json``, ``val.json``, ``images/``);
@@ -36,6 +39,8 @@ class SftDataConfig(StageConfig):
                                  "androidcontrol": SourceConfig(variant="both")},
         description="Sources by store name (missing stores are skipped).")
     mode: Literal["xml", "screenshot", "screenshot+xml"] = Field("screenshot+xml", description="Observation mode.")
+    prompt_style: Literal["full", "compact"] = Field(
+        "full", description="System prompt: full (action space spelled out; large profiles) or compact (tiny).")
     reasoning: bool = Field(False, description="Keep <think> of the data (reasoning-free SFT: false).")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of tasks held out for validation.")
     max_history: int | None = Field(None, ge=0, description="Previous actions shown (null: all).")
@@ -56,7 +61,7 @@ def run(cfg: SftDataConfig) -> dict:
                for name, s in cfg.sources.items() if (STORES / name / "trajectories.parquet").exists()]
     if not sources:
         raise SystemExit(f"sft_data: none of the sources {list(cfg.sources)} exists under {STORES}")
-    return build_sft(sources, OUT / "dataset", mode=cfg.mode, reasoning=cfg.reasoning,
+    return build_sft(sources, OUT / "dataset", mode=cfg.mode, style=cfg.prompt_style, reasoning=cfg.reasoning,
                      val_fraction=cfg.val_fraction, seed=cfg.seed, max_history=cfg.max_history,
                      image_max_side=cfg.image_max_side, name=cfg.name)
 

@@ -172,6 +172,66 @@ def test_stop_strings_cut_text_and_stop_early(hf):
     assert h.token_ids == g.token_ids[: len(h.token_ids)] and len(h.token_ids) <= len(g.token_ids)
 
 
+def test_rows_ending_early_are_dropped_from_the_batch_without_changing_the_others(hf, monkeypatch):
+    # Make rows 0-3 end after two tokens: their second sampled tokens become end-of-turn tokens (unless rows
+    # 4-5 ever sample them). Once at most half of the rows are live, the batch cache is compacted (rows and
+    # left padding dropped): every row must still match its unbatched generation.
+    import mobilerl.models.hf_backend as hb
+
+    reqs = [text_request(s) for s in ("", "Back", "Tap OK please", "hello", "Swipe up", "x y z")]
+    scs = [SamplingConfig(temperature=1.0, max_new_tokens=10, seed=100 * i) for i in range(len(reqs))]
+    free = [run(hf.generate([r], sc))[0] for r, sc in zip(reqs, scs, strict=True)]
+    late = set(free[4].token_ids) | set(free[5].token_ids)
+    be = HFBackend(hf.model, hf.processor, max_batch=8, batch_wait_ms=20)
+    be.eos_ids = set(hf.eos_ids) | ({g.token_ids[1] for g in free[:4]} - late)
+    selects = []
+    layer = hb._growing_layer()
+    orig = layer.select
+    monkeypatch.setattr(layer, "select", lambda self, rows, start: (selects.append(len(rows)), orig(self, rows, start)))
+
+    one = [run(be.generate([r], sc))[0] for r, sc in zip(reqs, scs, strict=True)]
+    assert sum(len(g.token_ids) <= 2 and g.finish_reason == "stop" for g in one) >= 3
+    assert [g.finish_reason for g in one[4:]] == ["length"] * 2
+
+    async def batch():
+        return [g for [g] in await asyncio.gather(*(be.generate([r], sc) for r, sc in zip(reqs, scs, strict=True)))]
+
+    many = run(batch())
+    assert selects and min(selects) <= len(reqs) // 2  # the batch shrank
+    for x, y in zip(one, many, strict=True):
+        assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason and x.text == y.text
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+
+
+def test_sampler_draws_from_the_nucleus_per_row_streams():
+    import torch
+
+    from mobilerl.models.hf_backend import _Sampler
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4))
+    n = 4000
+    cfgs = [SamplingConfig(temperature=0), SamplingConfig(temperature=1.0), SamplingConfig(temperature=1.0, top_p=0.7),
+            SamplingConfig(temperature=1.0)]
+    sampler = _Sampler(cfgs, [1, 2, 3, 4], n, suppress=[3], device="cpu")
+    rows = torch.arange(4)
+    draws = torch.stack([sampler(logits, rows, t) for t in range(n)])  # (n, 4)
+    assert (draws[:, 0] == 0).all()  # greedy
+    assert not (draws == 3).any()  # suppressed, never drawn
+    freq = torch.bincount(draws[:, 1], minlength=4).float() / n  # softmax without token 3: 0.5/.95, .3/.95, .15/.95
+    np.testing.assert_allclose(freq[:3].numpy(), [0.526, 0.316, 0.158], atol=0.03)
+    assert set(draws[:, 2].tolist()) == {0, 1}  # nucleus 0.7 of the renormalised probabilities: tokens 0 and 1
+    # A row's draws depend on its seed, not on the other rows or their order.
+    alone = _Sampler([cfgs[3]], [4], n, suppress=[3], device="cpu")
+    assert all(int(alone(logits[:1], torch.tensor([0]), t)) == int(draws[t, 3]) for t in range(50))
+
+
+def test_text_requests_are_tokenized_as_the_processor_would(hf):
+    req = text_request("Tap OK")
+    text = hf.render(req)
+    enc = hf._encode([text], [])
+    assert enc["input_ids"][0].tolist() == hf.processor(text=[text], return_tensors="pt")["input_ids"][0].tolist()
+
+
 # ---------------------------------------------------------------------- OpenAI client, recorded
 
 

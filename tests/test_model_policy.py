@@ -8,7 +8,7 @@ import functools
 import pytest
 from tiny_checkpoint import session_checkpoint
 
-from mobilerl.agent import PolicyContext, rollout
+from mobilerl.agent import PolicyContext, prompt, rollout
 from mobilerl.agent.model_policy import ModelPolicy
 from mobilerl.agent.policy import Policy
 from mobilerl.env.base import TaskSpec
@@ -89,3 +89,15 @@ def test_sixteen_concurrent_episodes_make_batched_generate_calls(hf):
     # 16 episodes in lockstep: each step's 16 requests share a few generate calls, not 16.
     assert calls <= items / 4, (calls, items, hf.stats.sizes)
     assert hf.stats.max_batch_seen >= 8
+
+
+def test_prompt_style_is_passed_to_the_prompt_module(hf):
+    task = short_task(2)
+    ctx = PolicyContext(task, CounterEnv().reset(task), "Button;clickable;Add;[390,1100][690,1300]", ("<answer>x</answer>",),
+                        1, "e#0")
+    compact = ModelPolicy(hf, obs_mode="xml", prompt_style="compact", max_history=0).request(ctx).messages
+    assert compact == prompt.messages_for_context(ctx, mode="xml", style="compact", max_history=0)
+    assert compact[0]["content"] == prompt.system_prompt("xml", False, "compact")
+    assert len(compact[0]["content"]) < len(ModelPolicy(hf, obs_mode="xml").request(ctx).messages[0]["content"]) / 3
+    with pytest.raises(ValueError, match="prompt_style"):
+        ModelPolicy(hf, prompt_style="terse")

@@ -12,21 +12,30 @@ from mobilerl.env.sim.tasks import get_task
 from mobilerl.eval import evaluate_sync
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig
 from mobilerl.sft.reasoning import (
+    PromptFormat,
     SimTeacher,
     actions_match,
     bootstrap_select,
+    canonical_response,
+    expert_episodes,
     expert_steps,
     propose,
+    reasoning_records,
     refine_select,
 )
 
 
 @pytest.fixture(scope="module")
-def steps():
+def trajs():
     tasks = [get_task(f"world/train/{n}/0", with_optimal=False)
              for n in ("ContactsAddContact", "ContactsEmailLookup", "ContactsDeleteContact")]
     trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, perturb="none", progress=False)
     assert all(t.success for t in trajs)
+    return trajs
+
+
+@pytest.fixture(scope="module")
+def steps(trajs):
     return expert_steps(trajs)
 
 
@@ -90,3 +99,26 @@ def test_refinement_keeps_the_best_scored_explanation(steps):
     updated, stats = asyncio.run(refine_select(policy, steps, cands, current, round_no=1))
     assert stats.round == 1 and stats.acceptance_rate == 1.0 and stats.parse_failures == len(steps)
     assert all("much longer" in updated[st.step_id] for st in steps)
+
+
+def test_reasoning_records_carry_the_kept_explanations_in_their_histories(trajs):
+    ep = expert_episodes(trajs)[0]
+    assert len(ep) >= 3 and ep[0].action.name == "Launch"
+    explained = {ep[0].step_id: '<think>open it</think><answer>do(action="Launch", app="contacts")</answer>',
+                 ep[2].step_id: f"<think>why 2</think><answer>{ep[2].action}</answer>",
+                 ep[1].step_id: f"<answer>{ep[1].action}</answer>"}  # no think: not a reasoning sample
+    fmt = PromptFormat("xml", "compact", None)
+    recs = reasoning_records([ep], explained, fmt)
+    assert len(recs) == 2
+    first, third = (r["messages"] for r in recs)
+    assert first[0]["content"] == third[0]["content"] and "<think>" in first[0]["content"]  # reasoning, compact
+    # the response names the expert's action as the expert spelled it (the match was case-insensitive)
+    assert first[2]["content"] == canonical_response(explained[ep[0].step_id], ep[0].action)
+    assert 'app="Contacts"' in first[2]["content"] and first[2]["content"].startswith("<think>open it</think>")
+    user = third[1]["content"]
+    assert f"Step 1: {first[2]['content']}" in user  # an explained step shows its explanation
+    assert f"Step 2: <answer>{ep[1].action}</answer>" in user  # an unexplained one its bare answer
+    last_only = reasoning_records([ep], explained, PromptFormat("xml", "compact", 1))[1]["messages"][1]["content"]
+    assert "Step 2:" in last_only and "Step 1:" not in last_only
+    with pytest.raises(ValueError, match="prompt style"):
+        PromptFormat("xml", "tiny")

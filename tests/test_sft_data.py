@@ -142,6 +142,17 @@ def test_dedupe_and_mixing_weights(stores, tmp_path):
     assert rec["images"] == [] and "<image>" not in rec["messages"][1]["content"] and xml_only["images"] == 0
 
 
+def test_prompt_style_and_format_are_recorded(stores, tmp_path):
+    stats = build_sft([SftSource("collected", stores / "collected")], tmp_path / "c", val_fraction=0.0, mode="xml",
+                      style="compact", max_history=2)
+    rec = json.loads((tmp_path / "c" / "train.json").read_text())[0]
+    assert rec["messages"][0]["content"] == PR.system_prompt("xml", style="compact")
+    assert (stats["mode"], stats["prompt_style"], stats["max_history"], stats["reasoning"]) == ("xml", "compact", 2, False)
+    assert json.loads((tmp_path / "c" / "stats.json").read_text())["prompt_style"] == "compact"
+    with pytest.raises(ValueError, match="prompt style"):
+        build_sft([SftSource("collected", stores / "collected")], tmp_path / "d", style="tiny")
+
+
 @pytest.mark.timeout(600)
 def test_llamafactory_trains_two_steps_on_the_dataset(stores, tmp_path):
     """The dataset loads in LLaMA-Factory (template qwen2_vl) and a 2-step SFT run succeeds on a tiny

@@ -35,6 +35,8 @@ class ModelPolicy:
         name / version: recorded in trajectories.
         reasoning: ask for ``<think>`` before the answer (the reasoning system prompt).
         max_history: keep only the last N previous responses in the prompt (None: all).
+        prompt_style: ``full`` / ``compact`` system prompt (:func:`mobilerl.agent.prompt.system_prompt`);
+            must be the style the checkpoint was trained on (the tiny profile's is ``compact``).
     """
 
     backend: GenerationBackend
@@ -44,10 +46,13 @@ class ModelPolicy:
     version: str | None = None
     reasoning: bool = False
     max_history: int | None = None
+    prompt_style: str = "full"
 
     def __post_init__(self) -> None:
         if self.obs_mode not in prompt.OBSERVATION_MODES:
             raise ValueError(f"obs_mode must be one of {prompt.OBSERVATION_MODES}, got {self.obs_mode!r}")
+        if self.prompt_style not in prompt.PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {prompt.PROMPT_STYLES}, got {self.prompt_style!r}")
 
     def with_seed(self, seed: int) -> ModelPolicy:
         """This policy with base seed ``seed`` (a :func:`mobilerl.eval.evaluate` policy factory)."""
@@ -56,7 +61,8 @@ class ModelPolicy:
     def request(self, ctx: PolicyContext) -> ChatRequest:
         """The chat of this step (the prompt module's format) with the screenshot when the mode shows it."""
         messages = prompt.messages_for_context(
-            ctx, mode=self.obs_mode, reasoning=self.reasoning, max_history=self.max_history
+            ctx, mode=self.obs_mode, reasoning=self.reasoning, max_history=self.max_history,
+            style=self.prompt_style,
         )
         images = None
         if self.obs_mode != "xml":

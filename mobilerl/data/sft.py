@@ -83,9 +83,13 @@ class SftStats:
         self.per_source.setdefault(source, Counter())[key] += n
 
 
-def _split_of(task_id: str, val_fraction: float, seed: int) -> str:
+def split_of(task_id: str, val_fraction: float, seed: int) -> str:
+    """``train`` or ``val`` for a task (every step of a task on the same side; stable across runs)."""
     h = hashlib.blake2b(f"{seed}|{task_id}".encode(), digest_size=8).digest()
     return "val" if int.from_bytes(h, "big") / 2**64 < val_fraction else "train"
+
+
+_split_of = split_of
 
 
 def _think(response: str) -> str | None:
@@ -95,7 +99,8 @@ def _think(response: str) -> str | None:
 
 
 def samples_from_trajectory(
-    traj: Trajectory, root: Path, source: SftSource, *, mode: str, reasoning: bool, max_history: int | None
+    traj: Trajectory, root: Path, source: SftSource, *, mode: str, reasoning: bool, max_history: int | None,
+    style: str = "full",
 ) -> Iterable[Sample]:
     """The SFT samples of one stored episode (invalid steps are skipped, as targets and in history)."""
     history: list[str] = []
@@ -114,11 +119,11 @@ def samples_from_trajectory(
         step_mode = mode if image is not None or mode == "xml" else "xml"
         if source.variant in ("high", "both"):
             msgs = PR.build_messages(traj.instruction, history, s.xml_compressed, app=s.app, mode=step_mode,
-                                     reasoning=reasoning, max_history=max_history)
+                                     reasoning=reasoning, max_history=max_history, style=style)
             yield Sample(source.name, traj.task_id, "high", msgs, response, image, action.name)
         if source.variant in ("low", "both") and s.step_instruction:
             msgs = PR.build_messages(s.step_instruction, (), s.xml_compressed, app=s.app, mode=step_mode,
-                                     reasoning=reasoning)
+                                     reasoning=reasoning, style=style)
             yield Sample(source.name, traj.task_id, "low", msgs, response, image, action.name)
         history.append(response if reasoning else PR.render_response(format_action(action)))
 
@@ -159,11 +164,39 @@ def dataset_info(name: str) -> dict[str, Any]:
     return {f"{name}_train": {"file_name": "train.json", **entry}, f"{name}_val": {"file_name": "val.json", **entry}}
 
 
+def write_sharegpt(out_dir: str | Path, name: str, splits: dict[str, list[dict[str, Any]]],
+                   stats: dict[str, Any], image_max_side: int | None = None) -> dict[str, Any]:
+    """Write records built elsewhere (e.g. the reasoning stages') as a dataset laid out like
+    :func:`build_sft`'s: ``train.json`` / ``val.json``, ``dataset_info.json``, ``stats.json`` (``stats``
+    plus the counts). Record ``images`` are paths of existing files; they are copied content-addressed
+    under ``images/`` and replaced by their relative paths."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    hashes: dict[Path, str] = {}
+    copied: set[str] = set()
+    counts = {}
+    for split in ("train", "val"):
+        recs = []
+        for rec in splits.get(split, []):
+            imgs = [_copy_image(Path(i), _file_hash(Path(i), hashes), out, image_max_side, copied)
+                    for i in rec.get("images", [])]
+            recs.append({**rec, "images": imgs})
+        (out / f"{split}.json").write_text(json.dumps(recs, ensure_ascii=False, indent=0) + "\n")
+        counts[split] = len(recs)
+    (out / "dataset_info.json").write_text(json.dumps(dataset_info(name), indent=1) + "\n")
+    stats = {**stats, **counts, "images": len(copied), "name": name}
+    (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    return stats
+
+
 def build_sft(
     sources: Sequence[SftSource],
     out_dir: str | Path,
     *,
     mode: str = "screenshot+xml",
+    style: str = "full",
     reasoning: bool = False,
     val_fraction: float = 0.05,
     seed: int = 0,
@@ -171,7 +204,11 @@ def build_sft(
     image_max_side: int | None = None,
     name: str = "mobilerl_sft",
 ) -> dict[str, Any]:
-    """Build the dataset (see the module docstring); returns the stats also written to ``stats.json``."""
+    """Build the dataset (see the module docstring); returns the stats also written to ``stats.json``.
+    ``mode`` and ``style`` are the prompt's observation mode and system-prompt style
+    (:func:`mobilerl.agent.prompt.build_messages`)."""
+    if style not in PR.PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {PR.PROMPT_STYLES}, got {style!r}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     out = Path(out_dir)
@@ -196,7 +233,8 @@ def build_sft(
                 continue
             st["episodes_used"] += 1
             split = _split_of(traj.task_id, val_fraction, seed)
-            for smp in samples_from_trajectory(traj, root, src, mode=mode, reasoning=reasoning, max_history=max_history):
+            for smp in samples_from_trajectory(traj, root, src, mode=mode, reasoning=reasoning,
+                                               max_history=max_history, style=style):
                 st["steps"] += 1
                 digest = _file_hash(smp.image, hashes) if smp.image is not None and smp.image.exists() else ""
                 key = hashlib.sha1("\x00".join([smp.messages[1]["content"], digest, smp.response]).encode()).hexdigest()
@@ -223,6 +261,7 @@ def build_sft(
     (out / "val.json").write_text(json.dumps(splits["val"], ensure_ascii=False, indent=0) + "\n")
     (out / "dataset_info.json").write_text(json.dumps(dataset_info(name), indent=1) + "\n")
     stats.update({"train": len(splits["train"]), "val": len(splits["val"]), "images": len(copied),
-                  "mode": mode, "reasoning": reasoning, "name": name})
+                  "mode": mode, "prompt_style": style, "reasoning": reasoning, "max_history": max_history,
+                  "val_fraction": val_fraction, "seed": seed, "name": name})
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
     return stats

@@ -4,20 +4,25 @@
     [gen] = await backend.generate([ChatRequest(messages, images)], SamplingConfig(temperature=1, seed=0))
 
 Concurrent callers (the episodes of an evaluation or an RL rollout) are batched: requests arriving while a
-batch runs, or within ``batch_wait_ms`` of the first, go to one left-padded ``model.generate`` call (up to
-``max_batch``) in a worker thread. Requests with different ``max_new_tokens`` / ``stop`` never share a
-batch; temperature, top-p and seed are per request.
+batch runs, or within ``batch_wait_ms`` of the first, are generated together (up to ``max_batch``) in a
+worker thread. Requests with different ``max_new_tokens`` / ``stop`` never share a batch; temperature,
+top-p and seed are per request.
 
-Sampling is done per row by :class:`_RowSampler` (a logits processor with one ``torch.Generator`` per
-request), so a request's sample depends on its seed, not on which other requests share its batch (up to
-the float noise that padding adds to the logits). ``generate`` runs greedy over the processor's one-hot
-output and ``output_logits=True`` keeps the raw logits, from which the logprobs are computed as defined in
+A batch is not one left-padded ``model.generate`` call: on a CPU that spent half its prefill FLOPs on pad
+tokens, built (B, L, L) masks, and copied the whole KV cache at every token. Instead each prompt is
+prefilled alone (causal kernel, no mask), the caches are copied once into preallocated left-padded
+buffers, and the rows decode together; finished rows are dropped from the cache once at most half are
+live. Sampling is vectorised over rows (:class:`_Sampler`), each row with its own seeded stream, so a
+request's sample depends on its seed, not on which other requests share its batch (up to the float noise
+that batching adds to the decoding logits). Logprobs come from the raw logits, as defined in
 :mod:`mobilerl.models.generation`. ``score`` is one forward pass over prompt + completion.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +39,9 @@ from mobilerl.models.generation import (
 )
 
 
-def token_logprobs(logits: Any, tokens: Any, temperature: float) -> Any:
-    """``log_softmax(logits / T)`` gathered at ``tokens``: logits (N, V), tokens (N,) -> (N,) float32."""
+def token_logprobs(logits: Any, tokens: Any, temperature: float | Any) -> Any:
+    """``log_softmax(logits / T)`` gathered at ``tokens``: logits (N, V), tokens (N,) -> (N,) float32. ``T``: a
+    float, or an (N, 1) tensor (one temperature per row)."""
     import torch
 
     lp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
@@ -46,68 +52,123 @@ def _is_tiny_checkpoint(path: Path) -> bool:
     return (path / "tiny.json").exists()
 
 
-class _RowSampler:
-    """A logits processor that samples each row with its own generator and returns a one-hot mask.
+class _Sampler:
+    """Picks every row's next token at once; row ``b`` draws from its own seeded stream.
 
-    Row ``b``: greedy if ``temps[b] == 0``; else softmax(logits / T) restricted to the top-p nucleus
-    (smallest set of tokens whose probability reaches ``top_p``; the top token always stays). Tokens in
+    Row ``b``: greedy if its temperature is 0; else softmax(logits / T) restricted to the top-p nucleus
+    (smallest set of tokens whose probability reaches ``top_p``; the top token always stays), sampled by
+    inverse CDF with the ``t``-th of ``max_new_tokens`` uniforms drawn up front from ``Generator(seed)``. So a
+    row's sample depends on its seed and logits only, never on the other rows of its batch, and no
+    per-row Python runs per token (the per-row loop was a large share of a CPU step). Tokens in
     ``suppress`` (the image/video placeholders, which the model cannot take back as input without their
     pixels) are never drawn; logprobs still come from the raw logits.
     """
 
-    def __init__(self, temps: list[float], top_ps: list[float], generators: list[Any], suppress: list[int]):
-        self.temps, self.top_ps, self.generators, self.suppress = temps, top_ps, generators, suppress
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
+    def __init__(self, sampling: Sequence[SamplingConfig], seeds: Sequence[int], n: int, suppress: list[int],
+                 device: Any):
         import torch
 
-        out = torch.full_like(scores, float("-inf"))
-        for b in range(scores.shape[0]):
-            row = scores[b].float().clone()  # never modify the raw logits generate keeps
-            if self.suppress:
-                row[self.suppress] = float("-inf")
-            t = self.temps[b]
-            if t == 0:
-                tok = int(row.argmax())
-            else:
-                probs = torch.softmax(row / t, dim=-1)
-                if self.top_ps[b] < 1.0:
-                    sp, si = probs.sort(descending=True)
-                    keep = (sp.cumsum(0) - sp) < self.top_ps[b]  # tokens before the mass reaches top_p
-                    keep[0] = True
-                    probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-                tok = int(torch.multinomial(probs, 1, generator=self.generators[b]))
-            out[b, tok] = 0.0
-        return out
+        self.temps = torch.tensor([s.temperature for s in sampling], dtype=torch.float32, device=device)
+        self.top_ps = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=device)
+        self.greedy = self.temps == 0
+        self.any_sampled = not bool(self.greedy.all())
+        self.suppress = suppress
+        self.u = torch.stack([torch.rand(n, generator=torch.Generator().manual_seed(seed)) for seed in seeds]).to(device)
 
-
-class _Finish:
-    """Stopping criterion recording, per row, where the response ends and why (eos or a stop string)."""
-
-    def __init__(self, prompt_len: int, eos_ids: set[int], stop: Sequence[str], tokenizer: Any):
-        self.prompt_len, self.eos_ids, self.stop, self.tok = prompt_len, eos_ids, tuple(stop), tokenizer
-        self.end: dict[int, int] = {}  # row -> number of generated tokens kept
-        # A stop string first shows up at the end of the text, within its length in (byte-level) tokens.
-        self.tail = 4 * max((len(s) for s in self.stop), default=0) + 4
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+    def __call__(self, logits: Any, rows: Any, t: int) -> Any:
+        """Tokens (b,) for raw ``logits`` (b, V) of the items ``rows`` (b,) at new-token index ``t``."""
         import torch
 
-        n = input_ids.shape[1] - self.prompt_len
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for b in range(input_ids.shape[0]):
-            if b in self.end:
-                done[b] = True
-                continue
-            if int(input_ids[b, -1]) in self.eos_ids:
-                self.end[b] = n
-            elif self.stop:
-                start = max(self.prompt_len, input_ids.shape[1] - self.tail)
-                text = self.tok.decode(input_ids[b, start:], skip_special_tokens=True)
-                if apply_stop(text, self.stop)[1]:
-                    self.end[b] = n
-            done[b] = b in self.end
-        return done
+        scores = logits.float()
+        if self.suppress:
+            scores = scores.clone()  # never modify the raw logits (the logprobs come from them)
+            scores[:, self.suppress] = float("-inf")
+        tok = scores.argmax(dim=-1)
+        if not self.any_sampled:
+            return tok
+        sampled = ~self.greedy[rows]
+        if not bool(sampled.any()):
+            return tok
+        r = rows[sampled]
+        probs = torch.softmax(scores[sampled] / self.temps[r, None], dim=-1)  # (s, V)
+        top_p = self.top_ps[r]
+        if bool((top_p < 1).any()):
+            probs, order = probs.sort(dim=-1, descending=True)
+            keep = (probs.cumsum(-1) - probs) < top_p[:, None]  # tokens before the mass reaches top_p
+            keep[:, 0] = True
+            probs = probs * keep
+        else:
+            order = None
+        cdf = probs.cumsum(-1)
+        j = torch.searchsorted(cdf, (self.u[r, t] * cdf[:, -1]).unsqueeze(-1), right=True)
+        j = torch.where(j >= cdf.shape[-1], cdf.argmax(-1, keepdim=True), j)  # u * total rounded up to total
+        tok[sampled] = (order.gather(-1, j) if order is not None else j).squeeze(-1)
+        return tok
+
+
+def _decode_cache(prefills: Sequence[Any], lengths: list[int], capacity: int) -> Any:
+    """A batch KV cache of ``GrowingLayer`` s (:func:`_growing_layer`): the prompts' caches (each
+    (1, H, L_b, D)) left-padded to ``max(lengths)`` in buffers with room for ``capacity`` positions."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    width = max(lengths)
+    layers = []
+    for li, first in enumerate(prefills[0].layers):
+        if type(first) is not DynamicLayer:
+            raise NotImplementedError(
+                f"HFBackend decodes full-attention caches only; layer {li} is a {type(first).__name__}"
+            )
+        k0, v0 = first.keys, first.values
+        # Uninitialised beyond ``width`` (written before it is read); the padding is zeroed, as masked
+        # positions must hold finite values (0 × NaN is NaN).
+        kb = k0.new_empty((len(prefills), k0.shape[1], capacity, k0.shape[3]))
+        vb = v0.new_empty((len(prefills), v0.shape[1], capacity, v0.shape[3]))
+        for b, (cache, n) in enumerate(zip(prefills, lengths, strict=True)):
+            kb[b, :, :width - n] = 0
+            vb[b, :, :width - n] = 0
+            kb[b, :, width - n:width] = cache.layers[li].keys[0]
+            vb[b, :, width - n:width] = cache.layers[li].values[0]
+        layers.append(_growing_layer()(kb, vb, width))
+    return Cache(layers=layers)
+
+
+@functools.cache
+def _growing_layer() -> type:
+    """The ``GrowingLayer`` class (defined on first use: transformers is imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """One layer's K/V for batched decoding: preallocated ``(B, H, capacity, D)`` buffers written in
+        place. (``DynamicLayer`` concatenates, copying the whole batch cache at every token: that copy was
+        the largest cost of a CPU decoding step.)"""
+
+        def __init__(self, keys: Any, values: Any, length: int) -> None:
+            super().__init__()
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self.kbuf, self.vbuf, self.length = keys, values, length
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            end = self.length + key_states.shape[-2]
+            self.kbuf[:, :, self.length:end] = key_states
+            self.vbuf[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.length + query_length, 0
+
+        def select(self, rows: Any, start: int) -> None:
+            """Keep batch rows ``rows`` and drop the first ``start`` positions (padding of every kept row)."""
+            self.kbuf, self.vbuf = self.kbuf[rows, :, start:], self.vbuf[rows, :, start:]
+            self.length -= start
+            self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
+
+    return GrowingLayer
 
 
 class HFBackend:
@@ -139,6 +200,9 @@ class HFBackend:
         self.suppress_ids = sorted(
             {t for t in (getattr(cfg, "image_token_id", None), getattr(cfg, "video_token_id", None)) if t is not None}
         )
+        # Prefill computes the logits of the last position only, where the model supports it.
+        params = inspect.signature(model.forward).parameters
+        self._last_logits: dict[str, Any] = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # One thread runs every model call (batches, score), so the model is never used concurrently.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mobilerl-hf")
         self._batcher = MicroBatcher(
@@ -223,61 +287,107 @@ class HFBackend:
         return render_prompt(self.processor, request)
 
     def _encode(self, texts: list[str], images: list[Any]) -> dict[str, Any]:
-        """Left-padded batch through the processor (pixel_values / image_grid_thw when there are images)."""
-        if hasattr(self.processor, "image_processor"):
-            enc = self.processor(
-                text=texts, images=images or None, padding=True, padding_side="left", return_tensors="pt"
-            )
-        else:
-            if images:
+        """Left-padded batch: through the processor when there are images (pixel_values / image_grid_thw),
+        else through its tokenizer alone, called as the processor calls it. (The processor validates its
+        keyword arguments by building dataclasses on every call: ~20 ms, more than a tiny model's prefill.)"""
+        multimodal = hasattr(self.processor, "image_processor")
+        if images:
+            if not multimodal:
                 raise ValueError("this backend's processor has no image processor; the request has images")
+            enc = self.processor(text=texts, images=images, padding=True, padding_side="left", return_tensors="pt")
+        elif multimodal:
+            enc = self.tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")
+        else:
             enc = self.tokenizer(
                 texts, padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False
             )
         return {k: v.to(self.model.device) for k, v in enc.items()}
 
-    def _generate_batch(self, items: list[tuple[ChatRequest, SamplingConfig, int]]) -> list[Generation]:
+    def _prefill(self, request: ChatRequest) -> tuple[Any, Any, int, int]:
+        """One prompt through the model alone (no padding, so no mask: the causal kernel, and no FLOPs on pad
+        tokens, which were half of a left-padded batch). Returns the last position's raw logits (V,), its
+        KV cache, the prompt length and the M-RoPE offset of its next position (0 without images)."""
         import torch
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        enc = self._encode([self.render(request)], list(request.images or []))
+        n = enc["input_ids"].shape[1]
+        if any(k.startswith("pixel") for k in enc):  # the model derives M-RoPE positions from the image grid
+            out = self.model(**enc, use_cache=True, **self._last_logits)
+            deltas = getattr(out, "rope_deltas", None)
+            delta = int(deltas.view(-1)[0]) if deltas is not None else 0
+        else:  # explicit positions: no dependence on the rope offsets the model keeps from its last call
+            pos = torch.arange(n, device=self.model.device).unsqueeze(0)
+            out = self.model(**enc, position_ids=pos, use_cache=True, **self._last_logits)
+            delta = 0
+        return out.logits[0, -1], out.past_key_values, n, delta
+
+    def _generate_batch(self, items: list[tuple[ChatRequest, SamplingConfig, int]]) -> list[Generation]:
+        """Prefill each prompt alone, then decode all rows together over one preallocated KV cache.
+
+        A row ends at the end-of-turn token (kept, with its logprob) or at the token that completes a stop
+        string. Finished rows are computed but ignored until at most half of the batch rows are live; then
+        the finished rows, and the left padding no live row needs, are dropped from the cache.
+        """
+        import torch
 
         sampling = items[0][1]  # max_new_tokens and stop are shared by the batch (the batcher's key)
-        texts = [self.render(r) for r, _, _ in items]
-        images = [im for r, _, _ in items for im in (r.images or [])]
-        enc = self._encode(texts, images)
-        prompt_len = enc["input_ids"].shape[1]
-        gens = [torch.Generator(device=self.model.device).manual_seed(seed) for _, _, seed in items]
-        sampler = _RowSampler(
-            [s.temperature for _, s, _ in items], [s.top_p for _, s, _ in items], gens, self.suppress_ids
-        )
-        finish = _Finish(prompt_len, self.eos_ids, sampling.stop, self.tokenizer)
-        config = GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=False,
-            eos_token_id=sorted(self.eos_ids),
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
+        n_new, stop = sampling.max_new_tokens, sampling.stop
+        device = self.model.device
+        tail = 4 * max((len(x) for x in stop), default=0) + 4  # a stop string shows up within this many tokens
         with torch.inference_mode():
-            out = self.model.generate(
-                **enc,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]),
-                stopping_criteria=StoppingCriteriaList([finish]),
-            )
-        new = out.sequences[:, prompt_len:]  # (B, n)
-        logits = torch.stack(out.logits, dim=1)  # (B, n, V) raw logits of each step
-        n_prompt = enc["attention_mask"].sum(dim=1).tolist()
+            pre = [self._prefill(r) for r, _, _ in items]
+            lengths = [n for _, _, n, _ in pre]
+            width = max(lengths)
+            cache = _decode_cache([c for _, c, _, _ in pre], lengths, width + n_new)
+            logits = torch.stack([lg for lg, _, _, _ in pre])  # (B, V) raw logits of the current position
+            positions = torch.tensor([n + d for _, _, n, d in pre], device=device)  # next position of each row
+            del pre
+            mask = torch.zeros((len(items), width + n_new), dtype=torch.long, device=device)
+            for b, n in enumerate(lengths):
+                mask[b, width - n:] = 1
+            pad = torch.tensor([width - n for n in lengths], device=device)  # first cache column of each row
+            sampler = _Sampler([s for _, s, _ in items], [seed for _, _, seed in items], n_new, self.suppress_ids,
+                               device)
+            lp_temps = torch.tensor([s.logprob_temperature for _, s, _ in items], device=device)
+            rows = torch.arange(len(items), device=device)  # batch row -> item
+            tokens: list[list[int]] = [[] for _ in items]
+            logprobs: list[list[float]] = [[] for _ in items]
+            ended = [False] * len(items)
+            for t in range(n_new):
+                tok = sampler(logits, rows, t)
+                lps = token_logprobs(logits, tok, lp_temps[rows].unsqueeze(-1))
+                live = 0
+                for b, tk, lp in zip(rows.tolist(), tok.tolist(), lps.tolist(), strict=True):
+                    if ended[b]:
+                        continue
+                    tokens[b].append(tk)
+                    logprobs[b].append(lp)
+                    if tk in self.eos_ids or (
+                        stop and apply_stop(self.tokenizer.decode(tokens[b][-tail:], skip_special_tokens=True),
+                                            stop)[1]
+                    ):
+                        ended[b] = True
+                    else:
+                        live += 1
+                if live == 0 or t == n_new - 1:
+                    break
+                if live <= len(rows) // 2:
+                    keep = torch.tensor([j for j, b in enumerate(rows.tolist()) if not ended[b]], device=device)
+                    start = int(pad[keep].min())
+                    for layer in cache.layers:
+                        layer.select(keep, start)
+                    rows, tok, positions = rows[keep], tok[keep], positions[keep]
+                    mask, pad = mask[keep, start:], pad[keep] - start
+                kv = cache.layers[0].length + 1
+                out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask[:, :kv],
+                                 position_ids=(positions + t).unsqueeze(-1), past_key_values=cache, use_cache=True)
+                logits = out.logits[:, -1]
         results = []
         for b, (_, s, _) in enumerate(items):
-            n = finish.end.get(b, new.shape[1])
-            ids = new[b, :n]
-            lps = token_logprobs(logits[b, :n], ids, s.logprob_temperature).tolist()
-            ids_list = ids.tolist()
-            body = ids_list[:-1] if n and ids_list[-1] in self.eos_ids else ids_list
+            ids = tokens[b]
+            body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
             text, _ = apply_stop(self.tokenizer.decode(body, skip_special_tokens=True), s.stop)
-            reason = "stop" if b in finish.end else "length"
-            results.append(Generation(text, ids_list, lps, reason, int(n_prompt[b])))
+            results.append(Generation(text, ids, logprobs[b], "stop" if ended[b] else "length", lengths[b]))
         return results
 
     def _completion_ids(self, completion: str | Sequence[int]) -> list[int]:

@@ -28,12 +28,16 @@ class SFTSettings(_Strict):
     min_lr: float = Field(1e-6, ge=0, description="Floor of the cosine schedule.")
     lr_scheduler_type: str = Field("cosine_with_min_lr", description="transformers scheduler name.")
     num_train_epochs: float = Field(2, gt=0, description="Epochs over the SFT set.")
+    max_steps: int | None = Field(None, ge=1, description="Optimizer steps; when set it bounds the run (and "
+                                  "the schedule) instead of the epochs (the tiny profile's CPU budget).")
     packing: bool = Field(True, description="Pack several samples per sequence.")
     cutoff_len: int = Field(16384, ge=64, description="Max tokens per (packed) sequence.")
     per_device_train_batch_size: int = Field(1, ge=1, description="Micro batch per device.")
     gradient_accumulation_steps: int = Field(8, ge=1, description="Accumulation steps.")
     warmup_ratio: float = Field(0.03, ge=0, le=1, description="Warm-up share of the steps.")
     freeze_vision_tower: bool = Field(True, description="Keep the vision encoder frozen.")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass "
+                                         "(saves GPU memory; pure overhead for the tiny model on CPU).")
 
     @model_validator(mode="after")
     def _lr_order(self) -> SFTSettings:
@@ -61,8 +65,19 @@ class RLSettings(_Strict):
 
 
 class GenerationSettings(_Strict):
+    """How the profile's checkpoints are served and prompted (evaluation, RL rollouts).
+
+    ``obs_mode`` / ``prompt_style`` / ``max_history`` must be what the checkpoints were trained on: they
+    are part of the prompt format (:mod:`mobilerl.agent.prompt`), not a speed knob.
+    """
+
     kind: Literal["hf", "vllm", "openai"] = Field("hf", description="Generation backend.")
     max_batch: int = Field(16, ge=1, description="HF micro-batch size.")
+    obs_mode: Literal["xml", "screenshot", "screenshot+xml"] = Field(
+        "screenshot+xml", description="What the policy sees of the screen.")
+    prompt_style: Literal["full", "compact"] = Field("full", description="System prompt style.")
+    max_history: int | None = Field(None, ge=0, description="Previous responses shown (None: all).")
+    max_new_tokens: int = Field(512, ge=1, description="Cap on a response's tokens in evaluation.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism.")
     max_model_len: int | None = Field(None, description="vLLM context length.")
     base_url: str | None = Field(None, description="OpenAI-compatible server (kind=openai).")

@@ -4,6 +4,7 @@ One function builds the training arguments (:func:`train_args`) from a profile p
 settings; :func:`run` writes them next to the output, runs ``llamafactory-cli train`` in a subprocess
 (with DeepSpeed through torchrun when the profile names a DeepSpeed config; gloo on CPU), and parses
 ``trainer_log.jsonl`` into a :class:`TrainResult` (loss per step, tokens/s, wall time).
+:func:`train_sft` does both and leaves a checkpoint that loads like its base (:func:`finalize_checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class TrainResult:
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
     wall_s: float = 0.0
+    overlength: int | None = None  # samples longer than cutoff_len: LLaMA-Factory cuts their prompt's tail
 
     @property
     def first_loss(self) -> float | None:
@@ -42,6 +44,14 @@ class TrainResult:
     @property
     def final_loss(self) -> float | None:
         return self.losses[-1][1] if self.losses else None
+
+    def summary(self) -> dict[str, float | int | None]:
+        """Numbers for metrics files and MLflow (tokens/s: input tokens of the packed sequences, padding
+        included, over the trainer's runtime)."""
+        return {"first_loss": self.first_loss, "final_loss": self.final_loss, "steps": len(self.losses),
+                "train_runtime_s": self.train_runtime_s, "tokens_per_s": self.tokens_per_s,
+                "samples_per_s": self.samples_per_s, "wall_s": self.wall_s,
+                "overlength_samples": self.overlength}
 
 
 def train_args(
@@ -88,8 +98,11 @@ def train_args(
         "bf16": profile.dtype == "bf16",
         "fp16": profile.dtype == "fp16",
         "include_num_input_tokens_seen": True,
+        "disable_gradient_checkpointing": not s.gradient_checkpointing,
         "seed": 0,
     }
+    if s.max_steps is not None:
+        args["max_steps"] = s.max_steps
     if s.lr_scheduler_type == "cosine_with_min_lr":
         args["lr_scheduler_kwargs"] = {"min_lr": s.min_lr}
     if s.deepspeed:
@@ -131,6 +144,71 @@ def run(args: dict[str, Any], log_path: Path | None = None, timeout_s: float | N
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise RuntimeError(f"llamafactory-cli train failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
     return read_result(out, wall)
+
+
+def train_sft(
+    profile: ModelProfile,
+    *,
+    base: Path,
+    dataset: str,
+    dataset_dir: Path,
+    output_dir: Path,
+    overrides: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> TrainResult:
+    """One SFT run of ``profile`` from ``base`` on ``dataset``: train (:func:`run`), then make the output a
+    checkpoint that loads like the base (:func:`finalize_checkpoint`)."""
+    if not (Path(base) / "config.json").exists():
+        raise FileNotFoundError(f"{base}/config.json not found: no starting weights there")
+    if not (Path(dataset_dir) / "dataset_info.json").exists():
+        raise FileNotFoundError(f"{dataset_dir}/dataset_info.json not found: no SFT dataset there")
+    args = train_args(profile, dataset=dataset, dataset_dir=Path(dataset_dir), output_dir=Path(output_dir),
+                      model_path=Path(base), overrides=overrides)
+    result = run(args, timeout_s=timeout_s)
+    result.overlength = count_overlength(Path(dataset_dir), dataset, Path(base), args["cutoff_len"])
+    finalize_checkpoint(Path(base), Path(output_dir), {
+        "base": str(base), "dataset": dataset, "steps": len(result.losses), "final_loss": result.final_loss})
+    return result
+
+
+def count_overlength(dataset_dir: Path, dataset: str, tokenizer_dir: Path, cutoff_len: int) -> int | None:
+    """How many samples of ``dataset`` exceed ``cutoff_len`` text tokens in ``tokenizer_dir``'s chat template
+    (image tokens not counted).
+    LLaMA-Factory truncates them (the end of the prompt, i.e. the screen, goes first; see its
+    ``infer_seqlen``) without saying so; None when the tokenizer or the file cannot be read."""
+    try:
+        from transformers import AutoTokenizer
+
+        info = json.loads((dataset_dir / "dataset_info.json").read_text())[dataset]
+        records = json.loads((dataset_dir / info["file_name"]).read_text())
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        texts = [tok.apply_chat_template(r["messages"], tokenize=False) for r in records]
+        lengths = [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+    except Exception:  # noqa: BLE001 — a diagnostic; never fail a finished training over it
+        return None
+    return sum(n > cutoff_len for n in lengths)
+
+
+def finalize_checkpoint(base: Path, out: Path, extra: dict[str, Any] | None = None) -> None:
+    """Make LLaMA-Factory's output directory load like its base: the base's ``generation_config.json``
+    (LLaMA-Factory rewrites its eos as a list), ``use_cache`` back on (training switched it off), and for a
+    tiny base its ``tiny.json`` (what tells :func:`mobilerl.models.backends.make_backend` to take the tiny
+    loader), with ``extra`` recorded under ``"sft"``."""
+    base, out = Path(base), Path(out)
+    if (base / "generation_config.json").exists():
+        shutil.copyfile(base / "generation_config.json", out / "generation_config.json")
+    cfg_path = out / "config.json"
+    if cfg_path.exists():
+        cfg = json.loads(cfg_path.read_text())
+        for c in (cfg, cfg.get("text_config") or {}):
+            if c.get("use_cache") is False:
+                c["use_cache"] = True
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    if (base / "tiny.json").exists():
+        meta = json.loads((base / "tiny.json").read_text())
+        if extra:
+            meta["sft"] = extra
+        (out / "tiny.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
 
 def read_result(out: Path, wall_s: float = 0.0) -> TrainResult:

@@ -14,6 +14,12 @@ simulator's knowledge of its own screens — what the target element is, why the
 task — in varied phrasings, and with probability ``p_wrong`` it argues for a plausible *wrong* action
 (another clickable element, a needless scroll, an early finish), so filtering has something to reject.
 The expert action for a prompt is registered with :meth:`SimTeacher.register` before asking.
+
+Histories. The prompt shows the policy's previous responses verbatim, ``<think>`` included (MobileRL §2),
+so a step's training prompt carries the *chosen* explanations of the steps before it
+(:func:`with_history`; an earlier step without one shows its bare ``<answer>``). Proposals are asked
+with the explanations of the current set, and :func:`reasoning_records` renders the final set with its
+own explanations, so every record's history is consistent with the corpus it belongs to.
 """
 
 from __future__ import annotations
@@ -21,11 +27,18 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from mobilerl.agent.prompt import build_messages, render_response
+from mobilerl.agent.prompt import (
+    OBSERVATION_MODES,
+    PROMPT_STYLES,
+    build_messages,
+    render_response,
+    sharegpt_record,
+)
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
@@ -56,6 +69,28 @@ def actions_match(a: Action, expert: Action) -> bool:
 
 
 # --------------------------------------------------------------------------------------- expert steps
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a step is shown to the model (:func:`mobilerl.agent.prompt.build_messages`): observation mode,
+    system-prompt style and how many previous responses are kept. Must be what the policy is trained and
+    evaluated with; the reasoning stages take it from the reasoning-free SFT dataset's ``stats.json``."""
+
+    mode: str = "xml"
+    style: str = "full"
+    max_history: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in OBSERVATION_MODES:
+            raise ValueError(f"observation mode must be one of {OBSERVATION_MODES}, got {self.mode!r}")
+        if self.style not in PROMPT_STYLES:
+            raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {self.style!r}")
+
+    @classmethod
+    def of_dataset(cls, stats: Mapping[str, Any]) -> PromptFormat:
+        """The format recorded in an SFT dataset's ``stats.json`` (older builds: full style, all history)."""
+        return cls(stats.get("mode", "screenshot+xml"), stats.get("prompt_style", "full"), stats.get("max_history"))
+
+
 @dataclass
 class ExpertStep:
     """One step of an expert demonstration: the agent's state and the expert's action."""
@@ -66,11 +101,16 @@ class ExpertStep:
     xml_compressed: str
     app: str
     action: Action
-    image: str | None = None  # relative path of the screenshot, when the data has one
+    image: str | None = None  # path of the screenshot (absolute when read with a store root), if any
 
-    def messages(self, mode: str = "xml") -> list[dict[str, str]]:
+    def messages(self, fmt: PromptFormat = PromptFormat()) -> list[dict[str, str]]:
+        """The reasoning prompt of this step (system prompt asking for ``<think>``)."""
+        mode = fmt.mode if self.image is not None or fmt.mode == "xml" else "xml"  # no screenshot: XML only
         return build_messages(self.instruction, self.history, self.xml_compressed, app=self.app, mode=mode,
-                              reasoning=True)
+                              reasoning=True, max_history=fmt.max_history, style=fmt.style)
+
+    def shows_image(self, fmt: PromptFormat) -> bool:
+        return self.image is not None and "screenshot" in fmt.mode
 
 
 @dataclass
@@ -103,13 +143,14 @@ class RoundStats:
 
 # ----------------------------------------------------------------------------------------- proposals
 async def propose(backend: Any, steps: Sequence[ExpertStep], k: int, sampling: SamplingConfig,
-                  mode: str = "xml", images: dict[str, Any] | None = None) -> list[list[Candidate]]:
-    """K candidates per step from ``backend`` (one batched call per step: backends batch concurrent work)."""
+                  fmt: PromptFormat = PromptFormat(), images: Mapping[str, Any] | None = None) -> list[list[Candidate]]:
+    """K candidates per step from ``backend`` (one call of K requests per step, all steps concurrently:
+    backends batch concurrent work). ``images`` maps a step's ``image`` to the loaded screenshot (needed
+    in screenshot modes)."""
     import asyncio
 
     async def one(i: int, st: ExpertStep) -> list[Candidate]:
-        imgs = [images[st.image]] if images is not None and st.image and "screenshot" in mode else None
-        req = ChatRequest(st.messages(mode), images=imgs)
+        req = _request(st, fmt, images)
         reqs = [req] * k
         seeded = SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p,
                                 max_new_tokens=sampling.max_new_tokens,
@@ -129,6 +170,14 @@ async def propose(backend: Any, steps: Sequence[ExpertStep], k: int, sampling: S
     return list(await asyncio.gather(*(one(i, st) for i, st in enumerate(steps))))
 
 
+def _request(st: ExpertStep, fmt: PromptFormat, images: Mapping[str, Any] | None) -> ChatRequest:
+    if st.shows_image(fmt):
+        if images is None or st.image not in images:
+            raise KeyError(f"{st.step_id}: screenshot {st.image} not loaded (pass images= in screenshot modes)")
+        return ChatRequest(st.messages(fmt), images=[images[st.image]])
+    return ChatRequest(st.messages(fmt))
+
+
 def bootstrap_select(steps: Sequence[ExpertStep], cands: Sequence[Sequence[Candidate]],
                      seed: int = 0) -> tuple[dict[str, str], RoundStats]:
     """Bootstrap filtering: for each step keep one matching candidate (uniformly among the matches)."""
@@ -146,7 +195,8 @@ def bootstrap_select(steps: Sequence[ExpertStep], cands: Sequence[Sequence[Candi
 
 
 async def refine_select(backend: Any, steps: Sequence[ExpertStep], cands: Sequence[Sequence[Candidate]],
-                        current: dict[str, str], round_no: int, mode: str = "xml") -> tuple[dict[str, str], RoundStats]:
+                        current: dict[str, str], round_no: int, fmt: PromptFormat = PromptFormat(),
+                        images: Mapping[str, Any] | None = None) -> tuple[dict[str, str], RoundStats]:
     """Refinement: score the matching candidates by the policy's mean token logprob and keep the best
     explanation per step (steps with no match keep their current one)."""
     updated = dict(current)
@@ -158,7 +208,7 @@ async def refine_select(backend: Any, steps: Sequence[ExpertStep], cands: Sequen
             continue
         acc_steps += 1
         acc_c += len(good)
-        req = ChatRequest(st.messages(mode))
+        req = _request(st, fmt, images)
         for c in {c.text: c for c in good}.values():
             lps = await backend.score(req, c.text)
             c.score = sum(lps) / max(1, len(lps))
@@ -189,14 +239,14 @@ class SimTeacher:
         user = next(text_content(m["content"]) for m in messages if m["role"] == "user")
         return hashlib.sha1(user.encode()).hexdigest()
 
-    def register(self, step: ExpertStep, mode: str = "xml") -> None:
+    def register(self, step: ExpertStep, fmt: PromptFormat = PromptFormat()) -> None:
         lines = []
         for raw in step.xml_compressed.splitlines():
             m = _LINE.match(raw.strip())
             if m:
                 cls, flags, label, *xy = m.groups()
                 lines.append((cls, flags, label, tuple(int(v) for v in xy)))
-        self._known[self._key(step.messages(mode))] = _Known(step.action, step.instruction, lines, step.app)
+        self._known[self._key(step.messages(fmt))] = _Known(step.action, step.instruction, lines, step.app)
 
     async def generate(self, requests: Sequence[ChatRequest], sampling: SamplingConfig) -> list[Generation]:
         out = []
@@ -271,19 +321,110 @@ class SimTeacher:
         return action, " ".join(p for p in (where, goal, why) if p)
 
 
-def expert_steps(trajectories: Sequence[Any]) -> list[ExpertStep]:
-    """Expert steps of (successful) trajectories in :class:`mobilerl.data.schema.Trajectory` form; the
-    history of each step is the expert's previous responses, as the prompt format shows them."""
-    out: list[ExpertStep] = []
+def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
+                    only_success: bool = True, prefix: str = "") -> list[list[ExpertStep]]:
+    """Expert steps per episode of trajectories in :class:`mobilerl.data.schema.Trajectory` form (skipping
+    unsuccessful ones unless ``only_success`` is off). A step's history is the expert's previous bare
+    responses (:func:`with_history` puts explanations in); ``root``: the store, to make screenshot paths
+    absolute; ``prefix`` goes before every step id (e.g. the store's name)."""
+    out: list[list[ExpertStep]] = []
     for t in trajectories:
-        if not t.success:
+        if only_success and not t.success:
             continue
         history: list[str] = []
+        ep: list[ExpertStep] = []
         for s in t.steps:
             if s.action is None:
                 continue
-            action = Action.from_dict(s.action)
-            out.append(ExpertStep(f"{t.task_id}#{t.trial}/{s.index}", t.instruction, list(history),
-                                  s.xml_compressed, s.app, action, s.screenshot_path))
+            try:
+                action = Action.from_dict(s.action)
+            except (ActionParseError, KeyError, TypeError):
+                continue  # an invalid step: skipped as a target and in the history, as the SFT data does
+            image = s.screenshot_path
+            if image and root is not None:
+                image = str(Path(root) / image)
+            ep.append(ExpertStep(f"{prefix}{t.task_id}#{t.trial}/{s.index}", t.instruction, list(history),
+                                 s.xml_compressed, s.app, action, image or None))
             history.append(render_response(action))
+        if ep:
+            out.append(ep)
     return out
+
+
+def episodes_by_split(stores: Mapping[str, str | Path], val_fraction: float, seed: int
+                      ) -> dict[str, list[list[ExpertStep]]]:
+    """The expert episodes of trajectory stores (name → folder), split into ``train`` / ``val`` by task
+    exactly as the SFT dataset is (:func:`mobilerl.data.sft.split_of`), using the episodes it uses
+    (successful, or finished without error where the source has no verifier). Step ids are
+    ``<store>:<task>#<trial>/<step>``."""
+    from mobilerl.data.sft import split_of
+    from mobilerl.data.store import iter_store
+
+    out: dict[str, list[list[ExpertStep]]] = {"train": [], "val": []}
+    for name, root in stores.items():
+        for t in iter_store(root):
+            if not (t.success or (not t.has_verifier and t.error is None)):
+                continue
+            for ep in expert_episodes([t], root, only_success=False, prefix=f"{name}:"):
+                out[split_of(t.task_id, val_fraction, seed)].append(ep)
+    return out
+
+
+def load_images(steps: Sequence[ExpertStep], fmt: PromptFormat) -> dict[str, Any] | None:
+    """The screenshots ``propose`` / ``refine_select`` need in screenshot modes (None in mode ``xml``)."""
+    if "screenshot" not in fmt.mode:
+        return None
+    from PIL import Image
+
+    out: dict[str, Any] = {}
+    for st in steps:
+        if st.image and st.image not in out:
+            with Image.open(st.image) as im:
+                out[st.image] = im.convert("RGB")
+    return out
+
+
+def expert_steps(trajectories: Sequence[Any]) -> list[ExpertStep]:
+    """All expert steps of (successful) trajectories, flattened (see :func:`expert_episodes`)."""
+    return [st for ep in expert_episodes(trajectories) for st in ep]
+
+
+def canonical_response(text: str | None, action: Action) -> str | None:
+    """``<think>…</think><answer>a*</answer>`` from an explanation's think and the expert's action ``a*``
+    (a match may spell it differently, e.g. the app name's case); None without a think."""
+    if not text or "<think>" not in text or "</think>" not in text:
+        return None
+    think = text.split("<think>", 1)[1].split("</think>", 1)[0].strip()
+    return render_response(action, think) if think else None
+
+
+def with_history(episode: Sequence[ExpertStep], explanations: Mapping[str, str]) -> list[ExpertStep]:
+    """The episode's steps with histories rebuilt from ``explanations`` (step id → full response): an
+    earlier step with one shows it (:func:`canonical_response`), one without shows its bare answer."""
+    shown = [canonical_response(explanations.get(st.step_id), st.action) or render_response(st.action)
+             for st in episode]
+    return [replace(st, history=shown[:i]) for i, st in enumerate(episode)]
+
+
+def reasoning_records(episodes: Sequence[Sequence[ExpertStep]], explanations: Mapping[str, str],
+                      fmt: PromptFormat) -> list[dict[str, Any]]:
+    """LLaMA-Factory sharegpt records of every step that has an explanation (``images`` hold the
+    screenshot's own path until :func:`mobilerl.data.sft.write_sharegpt` copies it into the dataset),
+    prompts rendered with the explanations' own histories; responses are :func:`canonical_response`."""
+    out = []
+    for ep in episodes:
+        for st in with_history(ep, explanations):
+            response = canonical_response(explanations.get(st.step_id), st.action)
+            if response is None:
+                continue
+            images = [st.image] if st.shows_image(fmt) and st.image else []
+            out.append(sharegpt_record(st.messages(fmt), response, images))
+    return out
+
+
+def acceptance_by_action(steps: Sequence[ExpertStep], cands: Sequence[Sequence[Candidate]]) -> dict[str, float]:
+    """Share of steps with at least one matching candidate, per expert action type."""
+    hit: dict[str, list[int]] = {}
+    for st, cs in zip(steps, cands, strict=True):
+        hit.setdefault(st.action.name, []).append(any(c.accepted for c in cs))
+    return {name: sum(v) / len(v) for name, v in sorted(hit.items())}

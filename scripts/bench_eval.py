@@ -1,0 +1,245 @@
+"""How long one evaluation of a tiny policy over world/test (n = 1) takes, and what the tiny profile's
+generation settings buy over the old ones (issue 6: ≤ 5 minutes on this machine).
+
+    .venv/bin/python scripts/bench_eval.py --eval-max-new-tokens 24 --out bench.json     # all three parts
+    .venv/bin/python scripts/bench_eval.py --skip-old --max-history 4                    # a format variant
+    .venv/bin/python scripts/bench_eval.py --ckpt data/checkpoints/sft_reasoning_free --skip-eval
+
+1. **Prompts**: the oracle runs every ``--every``-th world/test task; each step's context (task, screen,
+   history of ``<answer>…</answer>`` responses) is kept: the prompts a policy that solves the tasks sees.
+2. **Generation**: the same ``--requests`` contexts through the HF backend under the ``old`` settings
+   (micro-batch 16, full system prompt, whole history) and the ``new`` ones (the tiny profile's
+   ``generation:`` block), every response forced to ``--answer-tokens`` tokens (a random-init model almost
+   never ends a response: a trained one ends after ~15-30). Figures: actions/s (wall and CPU) and the
+   projected time of world/test at its optimal step count (a policy that solves everything) and at its
+   full step budget (a policy that never finishes), and new/old. ``*_cpu_s`` figures are CPU seconds of
+   this process: its wall time on an otherwise idle core (the wall figures are only that on an idle
+   machine).
+3. **Evaluation**: a real ``evaluate`` of the checkpoint with the profile's settings over the same task
+   subset (an untrained model: every step invalid, every episode runs its whole budget, every response
+   ``max_new_tokens`` long — the worst case; ``--eval-max-new-tokens 24`` makes the responses a trained
+   model's length), projected to all of world/test by step budget.
+
+Without ``--ckpt`` a random-init checkpoint of the shipped base's shape (hidden 128, 3 layers, 4 heads,
+vocab 4096, tokenizer trained on the collected prompts) is built under ``--build-dir`` (cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stages/ (the tasks stage's task lists)
+
+from mobilerl.agent import OraclePolicy, PolicyContext, PolicyOutput, prompt
+from mobilerl.agent.model_policy import ModelPolicy
+from mobilerl.env.base import TaskSpec
+from mobilerl.env.sim.tasks import list_tasks
+from mobilerl.eval.runner import evaluate_sync
+from mobilerl.models.generation import SamplingConfig
+from mobilerl.models.hf_backend import HFBackend
+
+# The base being pretrained (docs/tiny_base.md): what the tiny profile will ship.
+BASE_SHAPE = dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                  intermediate_size=384)
+OLD = {"max_batch": 16, "prompt_style": "full", "max_history": None}
+
+
+class RecordingOracle:
+    """The oracle, answering in the trained response format and keeping every context it is shown."""
+
+    name = "oracle"
+
+    def __init__(self) -> None:
+        self.oracle = OraclePolicy()
+        self.contexts: list[PolicyContext] = []
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        self.contexts.append(ctx)
+        out = await self.oracle.act(ctx)
+        return PolicyOutput(prompt.render_response(out.text))
+
+
+def collect_contexts(tasks: list[TaskSpec], concurrency: int) -> tuple[list[PolicyContext], dict[str, Any]]:
+    rec = RecordingOracle()
+    t0 = time.perf_counter()
+    trajs = evaluate_sync(lambda seed: rec, tasks, concurrency=concurrency, progress=False)
+    wall = time.perf_counter() - t0
+    steps = sum(len(t.steps) for t in trajs)
+    info = {"tasks": len(tasks), "steps": steps, "success": sum(t.success for t in trajs), "wall_s": round(wall, 1),
+            "env_plus_oracle_ms_per_step": round(1000 * wall / max(steps, 1), 2)}
+    return rec.contexts, info
+
+
+def build_checkpoint(path: Path, contexts: list[PolicyContext]) -> Path:
+    """A random-init tiny model of the base's shape with a tokenizer trained on the collected prompts."""
+    if (path / "tiny.json").exists():
+        return path
+    from mobilerl.models import tiny
+    from mobilerl.models.tokenizer import train_tokenizer
+
+    tiny.offline()
+    texts = [prompt.system_prompt("xml", r, s) for r in (False, True) for s in prompt.PROMPT_STYLES]
+    for c in contexts:
+        texts += [m["content"] for m in prompt.messages_for_context(c, mode="xml")[1:]]
+    tok = train_tokenizer(texts, vocab_size=4096)
+    shape = tiny.TinyShape(**BASE_SHAPE)
+    model = tiny.build_model(shape, tok, seed=0)
+    tiny.save(model, tiny.build_processor(tok), path, extra={"shape": tiny.shape_dict(shape), "bench": True})
+    return path
+
+
+def world_test() -> list[TaskSpec]:
+    """world/test from the `tasks` stage's output when present (listing it here reruns the oracle on every
+    task for the optimal step counts: a minute of CPU)."""
+    from stages.evaluate import TASKS, load_tasks
+
+    if (TASKS / "world_test.jsonl").exists():
+        return load_tasks("world", "test")
+    return list_tasks("world", "test")
+
+
+def profile_settings() -> dict[str, Any]:
+    from mobilerl.models.profiles import load_profile
+
+    g = load_profile("tiny").generation
+    return {"max_batch": g.max_batch, "prompt_style": g.prompt_style, "max_history": g.max_history,
+            "obs_mode": g.obs_mode, "max_new_tokens": g.max_new_tokens}
+
+
+def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings: dict[str, Any], answer_tokens: int,
+                     budget_steps: dict[str, int]) -> dict[str, Any]:
+    """All ``contexts`` as concurrent single requests (as concurrent episodes make them), fixed answer length."""
+    backend._batcher.max_batch = settings["max_batch"]
+    policy = ModelPolicy(backend, obs_mode="xml", prompt_style=settings["prompt_style"],
+                         max_history=settings["max_history"])
+    requests = [policy.request(c) for c in contexts]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=answer_tokens, seed=0)
+
+    async def run(reqs):
+        return [g for [g] in await asyncio.gather(*(backend.generate([r], dataclasses.replace(sampling, seed=i))
+                                                     for i, r in enumerate(reqs)))]
+
+    asyncio.run(run(requests[: settings["max_batch"]]))  # warm-up
+    b0, i0 = backend.stats.batches, backend.stats.items
+    t0, c0 = time.perf_counter(), time.process_time()
+    gens = asyncio.run(run(requests))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    aps = len(gens) / wall
+    out = {
+        **settings,
+        "requests": len(gens),
+        "generate_calls": backend.stats.batches - b0,
+        "mean_batch": round((backend.stats.items - i0) / max(backend.stats.batches - b0, 1), 1),
+        "prompt_tokens_mean": round(statistics.mean(g.prompt_tokens for g in gens), 1),
+        "prompt_tokens_max": max(g.prompt_tokens for g in gens),
+        "new_tokens_mean": round(statistics.mean(len(g.token_ids) for g in gens), 1),
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "actions_per_s": round(aps, 2),
+        "actions_per_cpu_s": round(len(gens) / cpu, 2),
+    }
+    for k, steps in budget_steps.items():
+        out[f"projected_{k}_s"] = round(steps / aps, 0)
+        out[f"projected_{k}_cpu_s"] = round(steps * cpu / len(gens), 0)  # this process alone on one core
+    return out
+
+
+def model_concurrency() -> int:
+    from stages.common import load_params
+    from stages.evaluate import EvaluateConfig
+
+    return load_params("evaluate", EvaluateConfig).model_concurrency
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ckpt", type=Path, default=None, help="tiny checkpoint (default: build a random-init one)")
+    ap.add_argument("--build-dir", type=Path, default=Path("/tmp/mobilerl-bench-tiny"))
+    ap.add_argument("--every", type=int, default=10, help="every N-th world/test task (10: 170 tasks)")
+    ap.add_argument("--requests", type=int, default=256, help="contexts timed per setting")
+    ap.add_argument("--answer-tokens", type=int, default=24, help="forced response length in the generation part")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="evaluation episodes in flight (default: evaluate.model_concurrency of params.yaml)")
+    ap.add_argument("--max-history", type=int, default=-1,
+                    help="override the profile's max_history in the new settings (-1: the profile's)")
+    ap.add_argument("--eval-max-new-tokens", type=int, default=None,
+                    help="response cap in the evaluation part (default: the profile's; an untrained model always "
+                         "reaches it, so e.g. 24 gives a trained model's answer length at the full step budget)")
+    ap.add_argument("--skip-old", action="store_true")
+    ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    report: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
+    all_tasks = world_test()
+    subset = all_tasks[:: args.every]
+    budget = {"optimal": sum(t.optimal_steps or 0 for t in all_tasks), "budget": sum(t.max_steps for t in all_tasks)}
+    report["world_test"] = {"tasks": len(all_tasks), "optimal_steps": budget["optimal"], "step_budget": budget["budget"]}
+    print(json.dumps(report), flush=True)
+
+    contexts, info = collect_contexts(subset, concurrency=16)
+    report["contexts"] = info
+    print("contexts:", json.dumps(info), flush=True)
+    ckpt = args.ckpt or build_checkpoint(args.build_dir, contexts)
+    new = profile_settings()
+    if args.max_history >= 0:
+        new["max_history"] = args.max_history
+    backend = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=new["max_batch"])
+    sample = random.Random(0).sample(contexts, min(args.requests, len(contexts)))
+
+    rows = {}
+    for name, settings in (("old", OLD), ("new", {k: new[k] for k in OLD})):
+        if name == "old" and args.skip_old:
+            continue
+        rows[name] = bench_generation(backend, sample, settings, args.answer_tokens, budget)
+        print(f"generation {name}:", json.dumps(rows[name]), flush=True)
+    report["generation"] = rows
+    if "old" in rows:
+        report["speedup_new_over_old"] = round(rows["new"]["actions_per_s"] / rows["old"]["actions_per_s"], 2)
+        print("speedup new/old (actions/s):", report["speedup_new_over_old"], flush=True)
+
+    if not args.skip_eval:
+        backend._batcher.max_batch = new["max_batch"]
+        cap = args.eval_max_new_tokens or new["max_new_tokens"]
+        policy = ModelPolicy(backend, obs_mode=new["obs_mode"], prompt_style=new["prompt_style"],
+                             max_history=new["max_history"], name="tiny-random",
+                             sampling=SamplingConfig(temperature=1.0, max_new_tokens=cap))
+        concurrency = args.concurrency or model_concurrency()
+        b0, i0, busy0 = backend.stats.batches, backend.stats.items, backend.stats.busy_s
+        t0, c0 = time.perf_counter(), time.process_time()
+        trajs = evaluate_sync(policy.with_seed, subset, concurrency=concurrency, progress=False)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        steps = sum(len(t.steps) for t in trajs)
+        sub_budget = sum(t.max_steps for t in subset)
+        calls = backend.stats.batches - b0
+        report["eval"] = {
+            "tasks": len(subset), "concurrency": concurrency, "max_new_tokens": cap, "max_history": new["max_history"],
+            "steps": steps, "step_budget": sub_budget,
+            "new_tokens_mean": round(statistics.mean(len(s.logprobs or []) for t in trajs for s in t.steps), 1),
+            "invalid_share": round(sum(not s.valid for t in trajs for s in t.steps) / max(steps, 1), 3),
+            "errors": sum(t.error is not None for t in trajs),
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "steps_per_s": round(steps / wall, 2),
+            "steps_per_cpu_s": round(steps / cpu, 2),
+            "generate_calls": calls, "mean_batch": round((backend.stats.items - i0) / max(calls, 1), 1),
+            "generate_busy_s": round(backend.stats.busy_s - busy0, 1),
+            "projected_world_test_s": round(wall * budget["budget"] / sub_budget, 0),
+            "projected_world_test_cpu_s": round(cpu * budget["budget"] / sub_budget, 0),
+        }
+        print("eval:", json.dumps(report["eval"]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Stage `sft_reasoning_free`: LLaMA-Factory SFT of the profile's base on the expert data (answers only).
+
+Reads ``data/sft/dataset`` (built by `sft_data`), trains with the profile's SFT settings (paper §B.1 for
+the large profiles: packing, cosine 1e-5 → 1e-6, 2 epochs, DeepSpeed; the tiny profile's CPU schedule is
+in ``configs/models/tiny.yaml``), writes the HF checkpoint to ``data/checkpoints/sft_reasoning_free``
+(loadable by :func:`mobilerl.models.backends.make_backend`) and registers it in MLflow with the alias
+``reasoning-free-sft``. Loss curve and tokens/s go to MLflow; metrics: ``data/checkpoints/sft_reasoning_free.json``.
+
+The dataset's prompt format (observation mode, prompt style, history) must be the one the profile
+evaluates with (``generation:`` of the profile): a mismatch is an error before any training.
+
+`sft_reasoning` runs this same code on the reasoning corpus (``main("sft_reasoning")``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from mobilerl import tracking
+from stages.common import ROOT, StageConfig, load_params, read_json, write_json
+
+CHECKPOINTS = ROOT / "data" / "checkpoints"
+
+
+class SFTStageConfig(StageConfig):
+    profile: str = Field("tiny", description="Model profile in configs/models/.")
+    base: str | None = Field(None, description="Starting weights (repo-relative or absolute); null: the profile's.")
+    dataset_dir: str = Field("data/sft/dataset", description="LLaMA-Factory dataset folder (with dataset_info.json).")
+    dataset: str = Field("mobilerl_sft_train", description="Dataset name in its dataset_info.json.")
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description="LLaMA-Factory arguments over the profile's (e.g. max_steps); "
+                                                  "a null value keeps the profile's.")
+    check_prompt_format: bool = Field(True, description="Refuse a dataset whose prompt format differs from the "
+                                                        "profile's generation settings.")
+    timeout_minutes: float | None = Field(None, gt=0, description="Kill the training after this long (null: no limit).")
+    registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
+    alias: str = Field("reasoning-free-sft", description="MLflow alias of the registered version.")
+
+
+def path(p: str | Path) -> Path:
+    """A params path: absolute as given, else relative to the repository."""
+    p = Path(p)
+    return p if p.is_absolute() else ROOT / p
+
+
+def rel(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def check_prompt_format(dataset_dir: Path, profile: Any) -> dict[str, Any]:
+    """The dataset's prompt format (from its ``stats.json``); ``ValueError`` when the profile evaluates
+    with another one (a policy must be prompted as it was trained)."""
+    stats = read_json(dataset_dir / "stats.json")
+    fmt = {"mode": stats.get("mode"), "prompt_style": stats.get("prompt_style", "full"),
+           "max_history": stats.get("max_history")}
+    g = profile.generation
+    fields = {"mode": "obs_mode", "prompt_style": "prompt_style", "max_history": "max_history"}
+    bad = {k: (fmt[k], getattr(g, attr)) for k, attr in fields.items()
+           if hasattr(g, attr) and fmt[k] != getattr(g, attr)}
+    if bad:
+        raise ValueError(f"{dataset_dir}: prompt format " + ", ".join(f"{k}={v[0]!r}" for k, v in bad.items())
+                         + f" differs from what profile {profile.name!r} evaluates with ("
+                         + ", ".join(f"{k}={v[1]!r}" for k, v in bad.items())
+                         + "); rebuild the dataset (params sft_data) or change the profile's generation settings")
+    return fmt
+
+
+def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base: Path | None = None,
+          prefix: str = "") -> dict[str, Any]:
+    """Train ``cfg`` into ``out``; logs the loss curve (``{prefix}loss/train``) and summary to the active
+    MLflow run; returns the metrics (the curve itself stays in ``out/trainer_log.jsonl``)."""
+    from mobilerl.models.profiles import load_profile
+    from mobilerl.sft.llamafactory import train_sft
+
+    profile = load_profile(cfg.profile)
+    dataset_dir = dataset_dir or path(cfg.dataset_dir)
+    base = base or (path(cfg.base) if cfg.base else profile.weights_path)
+    fmt = check_prompt_format(dataset_dir, profile) if cfg.check_prompt_format else None
+    result = train_sft(profile, base=base, dataset=cfg.dataset, dataset_dir=dataset_dir, output_dir=out,
+                       overrides={k: v for k, v in cfg.overrides.items() if v is not None},
+                       timeout_s=cfg.timeout_minutes * 60 if cfg.timeout_minutes else None)
+    for step, loss in result.losses:
+        tracking.log_metrics({f"{prefix}loss/train": loss}, step=step)
+    summary = result.summary()
+    tracking.log_metrics({f"{prefix}sft": summary})
+    if result.overlength:
+        print(f"warning: {result.overlength} samples of {cfg.dataset} are longer than the profile's cutoff_len; "
+              "LLaMA-Factory cut the end of their prompts (the screen). A smaller max_history (params sft_data "
+              "and the profile's generation) or a larger cutoff_len avoids it.", flush=True)
+    return {**summary, "base": rel(base), "dataset": f"{rel(dataset_dir)}:{cfg.dataset}", "prompt_format": fmt}
+
+
+def main(section: str = "sft_reasoning_free") -> None:
+    cfg = load_params(section, SFTStageConfig)
+    out = CHECKPOINTS / section
+    with tracking.stage_run(section, cfg.model_dump()) as run_:
+        metrics = train(cfg, out)
+        metrics["registered_version"] = tracking.register_model(out, cfg.registered_model, cfg.alias)
+        metrics["mlflow_run_id"] = run_.info.run_id
+    write_json(CHECKPOINTS / f"{section}.json", metrics)
+    tps = metrics["tokens_per_s"]
+    print(f"{section}: loss {metrics['first_loss']:.3f} -> {metrics['final_loss']:.3f} in {metrics['steps']} steps, "
+          f"{metrics['wall_s']:.0f}s, {tps:.0f} tokens/s; registered {cfg.registered_model}@{cfg.alias} "
+          f"v{metrics['registered_version']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Stage `evaluate`: checkpoint policies by name (profile settings, clear errors) next to the baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_checkpoint import session_checkpoint
+
+from mobilerl.agent import prompt
+from mobilerl.agent.model_policy import ModelPolicy
+from mobilerl.env.sim.tasks import get_task
+from mobilerl.eval import evaluate_sync
+from mobilerl.models.hf_backend import HFBackend
+from mobilerl.models.profiles import load_profile
+from stages.common import ParamsError, load_params
+from stages.evaluate import EvaluateConfig, check_policies, make_policy_factory
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return session_checkpoint(tmp_path_factory)
+
+
+def config(tmp_path: Path, **evaluate) -> EvaluateConfig:
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump({"evaluate": evaluate}))
+    return load_params("evaluate", EvaluateConfig, p)
+
+
+def test_params_name_bad_policies_and_checkpoints(tmp_path):
+    ok = config(tmp_path, policies=["oracle", "random"])
+    check_policies(ok)
+    assert ok.checkpoints == {} and ok.profile == "tiny"
+    cfg = config(tmp_path, policies=["oracle", "sft"], checkpoints={"sft": "data/checkpoints/nope"})
+    assert cfg.checkpoints["sft"].path == "data/checkpoints/nope" and cfg.checkpoints["sft"].reasoning is False
+    with pytest.raises(ValueError, match=r"evaluate\.checkpoints\.sft: .*nope is not a model directory"):
+        check_policies(cfg, root=tmp_path)
+    with pytest.raises(ValueError, match=r"evaluate\.policies\[1\]: unknown policy 'sfT' \(known: oracle, random, sft"):
+        check_policies(config(tmp_path, policies=["oracle", "sfT"], checkpoints={"sft": "x"}))
+    with pytest.raises(ValueError, match=r"evaluate\.checkpoints\.random: 'random' is a baseline name"):
+        check_policies(config(tmp_path, checkpoints={"random": "x"}))
+    with pytest.raises(ParamsError, match=r"evaluate\.checkpoints\.sft\.reasonig"):
+        config(tmp_path, checkpoints={"sft": {"path": "x", "reasonig": True}})
+    with pytest.raises(ParamsError, match=r"evaluate\.model_concurrency"):
+        config(tmp_path, model_concurrency=0)
+
+
+def test_tiny_profile_prompts_compact_xml():
+    g = load_profile("tiny").generation
+    assert (g.kind, g.obs_mode, g.prompt_style) == ("hf", "xml", "compact")
+    assert g.max_batch >= 32 and 16 <= g.max_new_tokens <= 128
+
+
+def test_checkpoint_policy_runs_through_the_runner(ckpt, tmp_path):
+    cfg = config(tmp_path, policies=["oracle", "ck"], model_concurrency=8, temperature=1.0, seed=3,
+                 checkpoints={"ck": {"path": str(ckpt), "max_new_tokens": 6}})
+    check_policies(cfg)
+    factory, concurrency = make_policy_factory("ck", cfg)
+    assert concurrency == 8 and make_policy_factory("oracle", cfg)[1] == cfg.concurrency
+    policy = factory(11)
+    g = load_profile("tiny").generation
+    assert isinstance(policy, ModelPolicy) and isinstance(policy.backend, HFBackend)
+    assert (policy.obs_mode, policy.prompt_style, policy.max_history) == (g.obs_mode, g.prompt_style, g.max_history)
+    assert policy.sampling.max_new_tokens == 6 and policy.sampling.seed == 11 and policy.name == "ck"
+    assert policy.backend._batcher.max_batch == g.max_batch
+    task = get_task("world/test/CameraTakePhoto/0")
+    [traj] = evaluate_sync(factory, [task], n_trials=1, concurrency=concurrency, progress=False, base_seed=cfg.seed)
+    assert traj.error is None and traj.policy == "ck" and traj.policy_version == str(ckpt)
+    # An untrained model: mostly its whole budget, every step with its logprobs.
+    assert 1 <= len(traj.steps) <= task.max_steps and all(s.logprobs and len(s.logprobs) <= 6 for s in traj.steps)
+    req = policy.request(_ctx(task))
+    assert req.messages[0]["content"] == prompt.system_prompt("xml", False, "compact")
+
+
+def _ctx(task):
+    from mobilerl.agent import PolicyContext
+    from mobilerl.env.sim import SimEnv
+    from mobilerl.env.xml import compress_xml
+
+    obs = SimEnv().reset(task)
+    return PolicyContext(task, obs, compress_xml(obs.xml, width=obs.width, height=obs.height))
