@@ -53,6 +53,9 @@ class EvaluateConfig(StageConfig):
         128, ge=1, description="Episodes in flight for checkpoint policies (≥ 2 × the profile's max_batch keeps "
                                "the model busy while the other half of the episodes step their envs).")
     max_per_template: int | None = Field(None, ge=1, description="Cap on tasks per template (smoke runs).")
+    model_max_tasks: int | None = Field(
+        None, ge=1, description="Cap on tasks per suite for checkpoint policies, spread evenly over the task list "
+                                "(smoke runs: an untrained checkpoint runs every episode to its budget).")
     seed: int = Field(0, description="Base seed of the policies' sampling.")
 
     @field_validator("checkpoints", mode="before")
@@ -138,7 +141,8 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
     sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=spec.max_new_tokens or g.max_new_tokens,
                               seed=cfg.seed)
     return ModelPolicy(backend, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
-                       reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style)
+                       reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style,
+                       coords=g.coords)
 
 
 def main() -> None:
@@ -153,6 +157,8 @@ def main() -> None:
         for name in cfg.policies:
             factory, concurrency = make_policy_factory(name, cfg)
             for suite, tasks in tasks_by_suite.items():
+                if name in cfg.checkpoints and cfg.model_max_tasks and len(tasks) > cfg.model_max_tasks:
+                    tasks = [tasks[i * len(tasks) // cfg.model_max_tasks] for i in range(cfg.model_max_tasks)]
                 texts = sim_template_texts(tasks)
                 with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
                     t0 = time.perf_counter()

@@ -91,6 +91,7 @@ def format_stats(sft_stats: dict[str, Any]) -> dict[str, Any]:
 
     fmt = PromptFormat.of_dataset(sft_stats)
     return {"mode": fmt.mode, "prompt_style": fmt.style, "max_history": fmt.max_history,
+            "coords": sft_stats.get("coords", "abs"),
             "val_fraction": sft_stats.get("val_fraction", 0.05), "seed": sft_stats.get("seed", 0),
             "sources": {n: {} for n in sft_stats.get("sources", {})}, "reasoning": True}
 
@@ -113,7 +114,8 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
     fmt = PromptFormat.of_dataset(sft_stats)
     teacher_fmt = PromptFormat(fmt.mode, cfg.teacher_prompt_style or fmt.style, fmt.max_history)
     carried = format_stats(sft_stats)
-    episodes = episodes_by_split(source_stores(sft_stats, stores), carried["val_fraction"], carried["seed"])
+    episodes = episodes_by_split(source_stores(sft_stats, stores), carried["val_fraction"], carried["seed"],
+                                 carried["coords"])
     rng = random.Random(cfg.seed)
     steps = []
     for split in ("train", "val"):

@@ -105,9 +105,10 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
     profile = load_profile(cfg.profile)
     stats0 = read_json(boot_dir / "stats.json")
     fmt = PromptFormat.of_dataset(stats0)
-    carried = {k: stats0.get(k) for k in ("mode", "prompt_style", "max_history", "val_fraction", "seed",
+    carried = {k: stats0.get(k) for k in ("mode", "prompt_style", "max_history", "coords", "val_fraction", "seed",
                                           "sources", "reasoning")}
-    episodes = episodes_by_split(source_stores(stats0, stores), stats0["val_fraction"], stats0["seed"])
+    episodes = episodes_by_split(source_stores(stats0, stores), stats0["val_fraction"], stats0["seed"],
+                                 stats0.get("coords", "abs"))
     explanations: dict[str, str] = read_json(boot_dir / "explanations.json")
     train_ids = {st.step_id for ep in episodes["train"] for st in ep}
     init = path(cfg.init)

@@ -41,6 +41,9 @@ class SftDataConfig(StageConfig):
     mode: Literal["xml", "screenshot", "screenshot+xml"] = Field("screenshot+xml", description="Observation mode.")
     prompt_style: Literal["full", "compact"] = Field(
         "full", description="System prompt: full (action space spelled out; large profiles) or compact (tiny).")
+    coords: Literal["abs", "rel"] = Field(
+        "abs", description="Coordinate frame of screen bounds and actions: abs (pixels, the paper's) or rel "
+                           "(the 0-999 grid the tiny base was pretrained on).")
     reasoning: bool = Field(False, description="Keep <think> of the data (reasoning-free SFT: false).")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of tasks held out for validation.")
     max_history: int | None = Field(None, ge=0, description="Previous actions shown (null: all).")
@@ -61,7 +64,8 @@ def run(cfg: SftDataConfig) -> dict:
                for name, s in cfg.sources.items() if (STORES / name / "trajectories.parquet").exists()]
     if not sources:
         raise SystemExit(f"sft_data: none of the sources {list(cfg.sources)} exists under {STORES}")
-    return build_sft(sources, OUT / "dataset", mode=cfg.mode, style=cfg.prompt_style, reasoning=cfg.reasoning,
+    return build_sft(sources, OUT / "dataset", mode=cfg.mode, style=cfg.prompt_style, coords=cfg.coords,
+                     reasoning=cfg.reasoning,
                      val_fraction=cfg.val_fraction, seed=cfg.seed, max_history=cfg.max_history,
                      image_max_side=cfg.image_max_side, name=cfg.name)
 

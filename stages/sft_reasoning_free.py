@@ -15,7 +15,7 @@ evaluates with (``generation:`` of the profile): a mismatch is an error before a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -36,6 +36,9 @@ class SFTStageConfig(StageConfig):
     check_prompt_format: bool = Field(True, description="Refuse a dataset whose prompt format differs from the "
                                                         "profile's generation settings.")
     timeout_minutes: float | None = Field(None, gt=0, description="Kill the training after this long (null: no limit).")
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained", description="Start from the base's weights, or from a random init of the same shape and "
+                                  "tokenizer (the counterfactual of the tiny base; same data and budget).")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("reasoning-free-sft", description="MLflow alias of the registered version.")
 
@@ -55,9 +58,9 @@ def check_prompt_format(dataset_dir: Path, profile: Any) -> dict[str, Any]:
     with another one (a policy must be prompted as it was trained)."""
     stats = read_json(dataset_dir / "stats.json")
     fmt = {"mode": stats.get("mode"), "prompt_style": stats.get("prompt_style", "full"),
-           "max_history": stats.get("max_history")}
+           "max_history": stats.get("max_history"), "coords": stats.get("coords", "abs")}
     g = profile.generation
-    fields = {"mode": "obs_mode", "prompt_style": "prompt_style", "max_history": "max_history"}
+    fields = {"mode": "obs_mode", "prompt_style": "prompt_style", "max_history": "max_history", "coords": "coords"}
     bad = {k: (fmt[k], getattr(g, attr)) for k, attr in fields.items()
            if hasattr(g, attr) and fmt[k] != getattr(g, attr)}
     if bad:
@@ -78,6 +81,8 @@ def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base:
     profile = load_profile(cfg.profile)
     dataset_dir = dataset_dir or path(cfg.dataset_dir)
     base = base or (path(cfg.base) if cfg.base else profile.weights_path)
+    if cfg.init == "random":
+        base = random_init_like(base, out.parent / f"{out.name}.init")
     fmt = check_prompt_format(dataset_dir, profile) if cfg.check_prompt_format else None
     result = train_sft(profile, base=base, dataset=cfg.dataset, dataset_dir=dataset_dir, output_dir=out,
                        overrides={k: v for k, v in cfg.overrides.items() if v is not None},
@@ -93,7 +98,24 @@ def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base:
     return {**summary, "base": rel(base), "dataset": f"{rel(dataset_dir)}:{cfg.dataset}", "prompt_format": fmt}
 
 
-def main(section: str = "sft_reasoning_free") -> None:
+def random_init_like(base: Path, where: Path) -> Path:
+    """A randomly initialised copy of the tiny checkpoint ``base`` (same config and tokenizer) at ``where``."""
+    import json
+
+    from mobilerl.models import tiny
+    from mobilerl.models.pretrain import Profile
+
+    _, processor = tiny.load(base)
+    profile = Profile.from_dict(json.loads((base / "tiny.json").read_text())["profile"])
+    model = tiny.build_model(profile.model, processor.tokenizer, seed=profile.train.seed + 1)
+    tiny.save(model, processor, where, extra={"profile": profile.to_dict(), "random_init_of": rel(base)})
+    return where
+
+
+def main(section: str | None = None) -> None:
+    import sys
+
+    section = section or (sys.argv[1] if len(sys.argv) > 1 else "sft_reasoning_free")
     cfg = load_params(section, SFTStageConfig)
     out = CHECKPOINTS / section
     with tracking.stage_run(section, cfg.model_dump()) as run_:

@@ -49,8 +49,8 @@ def test_params_name_bad_policies_and_checkpoints(tmp_path):
 
 def test_tiny_profile_prompts_compact_xml():
     g = load_profile("tiny").generation
-    assert (g.kind, g.obs_mode, g.prompt_style) == ("hf", "xml", "compact")
-    assert g.max_batch >= 32 and 16 <= g.max_new_tokens <= 128
+    assert (g.kind, g.obs_mode, g.prompt_style, g.coords) == ("hf", "xml", "compact", "rel")
+    assert g.max_batch >= 32 and 16 <= g.max_new_tokens <= 256  # the longest oracle Type text is ~206 tokens
 
 
 def test_checkpoint_policy_runs_through_the_runner(ckpt, tmp_path):

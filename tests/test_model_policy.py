@@ -11,6 +11,7 @@ from tiny_checkpoint import session_checkpoint
 from mobilerl.agent import PolicyContext, prompt, rollout
 from mobilerl.agent.model_policy import ModelPolicy
 from mobilerl.agent.policy import Policy
+from mobilerl.env.actions import ActionParseError
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.fake import CounterEnv
 from mobilerl.env.pool import ThreadEnv
@@ -101,3 +102,35 @@ def test_prompt_style_is_passed_to_the_prompt_module(hf):
     assert len(compact[0]["content"]) < len(ModelPolicy(hf, obs_mode="xml").request(ctx).messages[0]["content"]) / 3
     with pytest.raises(ValueError, match="prompt_style"):
         ModelPolicy(hf, prompt_style="terse")
+
+
+class _Fixed:
+    """A generation backend that always answers the same text."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    async def generate(self, requests, sampling):
+        from mobilerl.models.generation import Generation
+
+        return [Generation(self.text, [1], [-0.1], "stop") for _ in requests]
+
+
+def test_grid_frame_policy_sees_grid_bounds_and_acts_in_pixels():
+    task = short_task(3)
+    obs = CounterEnv().reset(task)
+    ctx = PolicyContext(task, obs, "Button;clickable;Add;[390,1100][690,1300]", (), 0, "e#0")
+    policy = ModelPolicy(_Fixed('<answer>do(action="Tap", element=[500,500,600,600])</answer>'), obs_mode="xml",
+                         coords="rel")
+    screen = policy.request(ctx).messages[1]["content"]
+    box = prompt.screen_in_frame("Button;clickable;Add;[390,1100][690,1300]", (obs.width, obs.height), "rel")
+    assert box in screen and "[390,1100]" not in screen
+    out = asyncio.run(policy.act(ctx))
+    assert out.text.startswith("<answer>") and out.action_text is not None
+    x1, y1, _, _ = prompt.parse_action(out.action_text).element
+    assert (x1, y1) == (round(500 * obs.width / 1000), round(500 * obs.height / 1000))
+    bad = asyncio.run(ModelPolicy(_Fixed("no action here"), coords="rel").act(ctx))
+    with pytest.raises(ActionParseError):
+        prompt.parse_action(bad.action_text)
+    with pytest.raises(ValueError, match="coords"):
+        ModelPolicy(_Fixed(""), coords="pixels")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import PolicyContext, PolicyError, PolicyOutput
+from mobilerl.env.actions import ActionParseError
 from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig, stable_seed
 
 
@@ -47,8 +48,11 @@ class ModelPolicy:
     reasoning: bool = False
     max_history: int | None = None
     prompt_style: str = "full"
+    coords: str = "abs"  # "rel": the screen and the answers on the 0-999 grid (converted back to pixels here)
 
     def __post_init__(self) -> None:
+        if self.coords not in prompt.COORD_FRAMES:
+            raise ValueError(f"coords must be one of {prompt.COORD_FRAMES}, got {self.coords!r}")
         if self.obs_mode not in prompt.OBSERVATION_MODES:
             raise ValueError(f"obs_mode must be one of {prompt.OBSERVATION_MODES}, got {self.obs_mode!r}")
         if self.prompt_style not in prompt.PROMPT_STYLES:
@@ -62,7 +66,7 @@ class ModelPolicy:
         """The chat of this step (the prompt module's format) with the screenshot when the mode shows it."""
         messages = prompt.messages_for_context(
             ctx, mode=self.obs_mode, reasoning=self.reasoning, max_history=self.max_history,
-            style=self.prompt_style,
+            style=self.prompt_style, coords=self.coords,
         )
         images = None
         if self.obs_mode != "xml":
@@ -79,4 +83,11 @@ class ModelPolicy:
         if s.seed is not None:
             s = dataclasses.replace(s, seed=stable_seed(s.seed, ctx.episode_id, ctx.step))
         [gen] = await self.backend.generate([self.request(ctx)], s)
-        return PolicyOutput(gen.text, list(gen.logprobs))
+        action_text = None
+        if self.coords != "abs":
+            size = (ctx.observation.width, ctx.observation.height)
+            try:
+                action_text = prompt.action_to_env(gen.text, size, self.coords)
+            except ActionParseError as e:
+                action_text = f"invalid ({e})"  # unparsable: the rollout records an invalid step
+        return PolicyOutput(gen.text, list(gen.logprobs), action_text)

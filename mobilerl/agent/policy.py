@@ -59,6 +59,9 @@ class PolicyOutput:
 
     text: str
     logprobs: list[float] | None = None
+    # the action the env executes when it is not the text's own (a response on the 0-999 grid, converted
+    # to pixels by the policy); None: parse ``text``
+    action_text: str | None = None
 
 
 @runtime_checkable

@@ -16,7 +16,11 @@ screens), and the current screen. One step is one chat::
                <answer>do(...)</answer>                     (reasoning-free data)
 
 Previous responses are repeated verbatim (their ``<think>`` included), oldest first; ``max_history`` keeps
-only the last N. Coordinates are absolute screen pixels, the same space as the compressed XML's bounds.
+only the last N. Coordinates are absolute screen pixels, the same space as the compressed XML's bounds
+(``coords="abs"``, the paper's), or — ``coords="rel"``, the tiny profile, whose tokenizer has one token per
+integer 0-999 and whose base was pretrained on that grid — the harness' 0-999 grid for both the screen
+lines and the actions (:func:`in_frame` converts a step's screen and action, :func:`action_to_env` a
+response back to pixels).
 ``<image>`` is the placeholder LLaMA-Factory's sharegpt format expects (one per image, in order);
 :func:`to_hf_messages` turns it into content parts for a HF processor's chat template. Everything here is a
 pure function of its arguments (deterministic, no I/O).
@@ -24,10 +28,11 @@ pure function of its arguments (deterministic, no I/O).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-from mobilerl.env.actions import Action, format_action, parse_action
+from mobilerl.env.actions import Action, convert_action, format_action, parse_action, to_relative
 
 IMAGE_TOKEN = "<image>"
 OBSERVATION_MODES = ("xml", "screenshot", "screenshot+xml")
@@ -57,6 +62,51 @@ def _check_mode(mode: str) -> None:
 
 
 PROMPT_STYLES = ("full", "compact")
+COORD_FRAMES = ("abs", "rel")
+_BOUNDS = re.compile(r"\[(\d+),(\d+)\]\[(\d+),(\d+)\]$")
+
+
+def _check_coords(coords: str) -> None:
+    if coords not in COORD_FRAMES:
+        raise ValueError(f"coordinate frame must be one of {COORD_FRAMES}, got {coords!r}")
+
+
+def screen_in_frame(xml_compressed: str, size: Sequence[int] | None, coords: str = "abs") -> str:
+    """The compressed XML with each line's bounds in the ``coords`` frame (``size`` = screen width, height)."""
+    _check_coords(coords)
+    if coords == "abs":
+        return xml_compressed
+    if not size:
+        raise ValueError("coords='rel' needs the screen size (width, height)")
+    w, h = int(size[0]), int(size[1])
+
+    def line(text: str) -> str:
+        m = _BOUNDS.search(text)
+        if m is None:
+            return text
+        x1, y1, x2, y2 = to_relative(tuple(int(v) for v in m.groups()), w, h)
+        return f"{text[: m.start()]}[{x1},{y1}][{x2},{y2}]"
+
+    return "\n".join(line(t) for t in xml_compressed.split("\n"))
+
+
+def in_frame(xml_compressed: str, action: Action | None, size: Sequence[int] | None, coords: str = "abs"
+             ) -> tuple[str, Action | None]:
+    """A recorded step's screen and (pixel) action in the ``coords`` frame: what the model sees and answers."""
+    xml = screen_in_frame(xml_compressed, size, coords)
+    if coords == "rel" and action is not None and action.element is not None:
+        action = convert_action(action, int(size[0]), int(size[1]), "relative")  # type: ignore[index]
+    return xml, action
+
+
+def action_to_env(text: str, size: Sequence[int], coords: str = "abs") -> str:
+    """A model response's action as the env takes it (pixels): ``format_action`` of the parsed action,
+    converted from the grid when ``coords="rel"``. Raises :class:`ActionParseError` (an invalid step)."""
+    _check_coords(coords)
+    action = parse_action(text)
+    if coords == "rel" and action.element is not None:
+        action = convert_action(action, int(size[0]), int(size[1]), "absolute")
+    return format_action(action)
 
 
 def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False, style: str = "full") -> str:
@@ -155,9 +205,12 @@ def build_messages(
 
 
 def messages_for_context(ctx: Any, *, mode: str = "screenshot+xml", reasoning: bool = False,
-                         max_history: int | None = None, style: str = "full") -> list[dict[str, str]]:
+                         max_history: int | None = None, style: str = "full", coords: str = "abs"
+                         ) -> list[dict[str, str]]:
     """:func:`build_messages` for a :class:`~mobilerl.agent.policy.PolicyContext` (the rollout's state)."""
-    return build_messages(ctx.task.instruction, ctx.history, ctx.xml_compressed, app=ctx.observation.app,
+    size = (ctx.observation.width, ctx.observation.height)
+    return build_messages(ctx.task.instruction, ctx.history, screen_in_frame(ctx.xml_compressed, size, coords),
+                          app=ctx.observation.app,
                           mode=mode, reasoning=reasoning, max_history=max_history, style=style)
 
 

@@ -92,6 +92,7 @@ async def rollout(
     last_info: dict = {}
     try:
         obs = await env.reset(task)
+        traj.meta["screen_size"] = [obs.width, obs.height]  # recorded data can be shown on the 0-999 grid
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001 - recorded on the trajectory
@@ -133,7 +134,7 @@ async def rollout(
         )
         traj.steps.append(rec)
         try:
-            action = parse_action(out.text)
+            action = parse_action(out.text if out.action_text is None else out.action_text)
         except ActionParseError as e:
             rec.invalid = str(e) or "unparseable response"
             continue

@@ -101,14 +101,17 @@ def _think(response: str) -> str | None:
 def samples_from_trajectory(
     traj: Trajectory, root: Path, source: SftSource, *, mode: str, reasoning: bool, max_history: int | None,
     style: str = "full",
+    coords: str = "abs",
 ) -> Iterable[Sample]:
-    """The SFT samples of one stored episode (invalid steps are skipped, as targets and in history)."""
+    """The SFT samples of one stored episode (invalid steps are skipped, as targets and in history).
+    ``coords="rel"``: screen bounds and actions on the 0-999 grid (needs the episode's screen size)."""
     history: list[str] = []
+    size = screen_size(traj) if coords != "abs" else None
     for s in traj.steps:
         if s.action is None:
             continue
         try:
-            action = Action.from_dict(s.action)
+            xml_c, action = PR.in_frame(s.xml_compressed, Action.from_dict(s.action), size, coords)
         except (ActionParseError, KeyError, TypeError):
             continue
         think = _think(s.response) if reasoning else None
@@ -118,14 +121,23 @@ def samples_from_trajectory(
             image = None  # a screenshot missing on disk: this sample falls back to the XML
         step_mode = mode if image is not None or mode == "xml" else "xml"
         if source.variant in ("high", "both"):
-            msgs = PR.build_messages(traj.instruction, history, s.xml_compressed, app=s.app, mode=step_mode,
+            msgs = PR.build_messages(traj.instruction, history, xml_c, app=s.app, mode=step_mode,
                                      reasoning=reasoning, max_history=max_history, style=style)
             yield Sample(source.name, traj.task_id, "high", msgs, response, image, action.name)
         if source.variant in ("low", "both") and s.step_instruction:
-            msgs = PR.build_messages(s.step_instruction, (), s.xml_compressed, app=s.app, mode=step_mode,
+            msgs = PR.build_messages(s.step_instruction, (), xml_c, app=s.app, mode=step_mode,
                                      reasoning=reasoning, style=style)
             yield Sample(source.name, traj.task_id, "low", msgs, response, image, action.name)
         history.append(response if reasoning else PR.render_response(format_action(action)))
+
+
+def screen_size(traj: Trajectory) -> tuple[int, int]:
+    """The (width, height) the episode was recorded at (``meta["screen_size"]``, written by the rollout)."""
+    size = traj.meta.get("screen_size")
+    if not size or len(size) != 2:
+        raise ValueError(f"{traj.task_id}: no meta.screen_size in the record, needed for coords='rel' "
+                         "(re-collect with this version, or use coords='abs')")
+    return int(size[0]), int(size[1])
 
 
 def _file_hash(path: Path, cache: dict[Path, str]) -> str:
@@ -197,6 +209,7 @@ def build_sft(
     *,
     mode: str = "screenshot+xml",
     style: str = "full",
+    coords: str = "abs",
     reasoning: bool = False,
     val_fraction: float = 0.05,
     seed: int = 0,
@@ -233,8 +246,13 @@ def build_sft(
                 continue
             st["episodes_used"] += 1
             split = _split_of(traj.task_id, val_fraction, seed)
-            for smp in samples_from_trajectory(traj, root, src, mode=mode, reasoning=reasoning,
-                                               max_history=max_history, style=style):
+            try:
+                samples = list(samples_from_trajectory(traj, root, src, mode=mode, reasoning=reasoning,
+                                                       max_history=max_history, style=style, coords=coords))
+            except ValueError:  # no screen size recorded (coords="rel"): counted, the rest is built
+                st["episodes_skipped_no_screen_size"] += 1
+                continue
+            for smp in samples:
                 st["steps"] += 1
                 digest = _file_hash(smp.image, hashes) if smp.image is not None and smp.image.exists() else ""
                 key = hashlib.sha1("\x00".join([smp.messages[1]["content"], digest, smp.response]).encode()).hexdigest()
@@ -261,7 +279,7 @@ def build_sft(
     (out / "val.json").write_text(json.dumps(splits["val"], ensure_ascii=False, indent=0) + "\n")
     (out / "dataset_info.json").write_text(json.dumps(dataset_info(name), indent=1) + "\n")
     stats.update({"train": len(splits["train"]), "val": len(splits["val"]), "images": len(copied),
-                  "mode": mode, "prompt_style": style, "reasoning": reasoning, "max_history": max_history,
+                  "mode": mode, "prompt_style": style, "coords": coords, "reasoning": reasoning, "max_history": max_history,
                   "val_fraction": val_fraction, "seed": seed, "name": name})
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
     return stats

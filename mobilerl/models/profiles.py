@@ -77,6 +77,7 @@ class GenerationSettings(_Strict):
         "screenshot+xml", description="What the policy sees of the screen.")
     prompt_style: Literal["full", "compact"] = Field("full", description="System prompt style.")
     max_history: int | None = Field(None, ge=0, description="Previous responses shown (None: all).")
+    coords: Literal["abs", "rel"] = Field("abs", description="Coordinate frame: pixels or the 0-999 grid.")
     max_new_tokens: int = Field(512, ge=1, description="Cap on a response's tokens in evaluation.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism.")
     max_model_len: int | None = Field(None, description="vLLM context length.")

@@ -36,6 +36,7 @@ from mobilerl.agent.prompt import (
     OBSERVATION_MODES,
     PROMPT_STYLES,
     build_messages,
+    in_frame,
     render_response,
     sharegpt_record,
 )
@@ -322,7 +323,7 @@ class SimTeacher:
 
 
 def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
-                    only_success: bool = True, prefix: str = "") -> list[list[ExpertStep]]:
+                    only_success: bool = True, prefix: str = "", coords: str = "abs") -> list[list[ExpertStep]]:
     """Expert steps per episode of trajectories in :class:`mobilerl.data.schema.Trajectory` form (skipping
     unsuccessful ones unless ``only_success`` is off). A step's history is the expert's previous bare
     responses (:func:`with_history` puts explanations in); ``root``: the store, to make screenshot paths
@@ -333,25 +334,32 @@ def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
             continue
         history: list[str] = []
         ep: list[ExpertStep] = []
+        size = _screen_size(t) if coords != "abs" else None
         for s in t.steps:
             if s.action is None:
                 continue
             try:
-                action = Action.from_dict(s.action)
+                xml_c, action = in_frame(s.xml_compressed, Action.from_dict(s.action), size, coords)
             except (ActionParseError, KeyError, TypeError):
                 continue  # an invalid step: skipped as a target and in the history, as the SFT data does
             image = s.screenshot_path
             if image and root is not None:
                 image = str(Path(root) / image)
             ep.append(ExpertStep(f"{prefix}{t.task_id}#{t.trial}/{s.index}", t.instruction, list(history),
-                                 s.xml_compressed, s.app, action, image or None))
+                                 xml_c, s.app, action, image or None))
             history.append(render_response(action))
         if ep:
             out.append(ep)
     return out
 
 
-def episodes_by_split(stores: Mapping[str, str | Path], val_fraction: float, seed: int
+def _screen_size(traj: Any) -> tuple[int, int]:
+    from mobilerl.data.sft import screen_size
+
+    return screen_size(traj)
+
+
+def episodes_by_split(stores: Mapping[str, str | Path], val_fraction: float, seed: int, coords: str = "abs"
                       ) -> dict[str, list[list[ExpertStep]]]:
     """The expert episodes of trajectory stores (name → folder), split into ``train`` / ``val`` by task
     exactly as the SFT dataset is (:func:`mobilerl.data.sft.split_of`), using the episodes it uses
@@ -365,7 +373,9 @@ def episodes_by_split(stores: Mapping[str, str | Path], val_fraction: float, see
         for t in iter_store(root):
             if not (t.success or (not t.has_verifier and t.error is None)):
                 continue
-            for ep in expert_episodes([t], root, only_success=False, prefix=f"{name}:"):
+            if coords != "abs" and not t.meta.get("screen_size"):
+                continue  # no screen size recorded: not shown on the grid (the SFT dataset skips it too)
+            for ep in expert_episodes([t], root, only_success=False, prefix=f"{name}:", coords=coords):
                 out[split_of(t.task_id, val_fraction, seed)].append(ep)
     return out
 
