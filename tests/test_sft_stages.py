@@ -121,7 +121,7 @@ def test_sft_reasoning_free_trains_registers_and_loads(repo, reasoning_free):
     m = json.loads((repo.work / "data" / "checkpoints" / "sft_reasoning_free.json").read_text())
     assert m["steps"] == 4 and m["final_loss"] < m["first_loss"], m  # LLaMA-Factory lowers the loss
     assert m["tokens_per_s"] > 0 and m["prompt_format"] == {"mode": "xml", "prompt_style": "compact",
-                                                            "max_history": None}
+                                                            "max_history": 4, "coords": "rel"}
     assert (reasoning_free / "tiny.json").exists() and (reasoning_free / "trainer_log.jsonl").exists()
     assert json.loads((reasoning_free / "config.json").read_text())["use_cache"] is True
     assert isinstance(_generates(reasoning_free), str)
@@ -133,7 +133,7 @@ def test_bootstrap_keeps_only_matching_candidates(repo, bootstrap):
     from mobilerl.sft.reasoning import actions_match, episodes_by_split
 
     m = json.loads((bootstrap.parent / "bootstrap.json").read_text())
-    episodes = episodes_by_split({"collected": repo.work / "data" / "collect" / "stores" / "collected"}, 0.0, 0)
+    episodes = episodes_by_split({"collected": repo.work / "data" / "collect" / "stores" / "collected"}, 0.0, 0, "rel")
     expert = {st.step_id: st.action for ep in episodes["train"] for st in ep}
     assert m["steps"] == len(expert) and m["candidates"] == 3 * len(expert)
     proposals = [json.loads(line) for line in (bootstrap / "proposals.jsonl").read_text().splitlines()]
@@ -222,7 +222,8 @@ def test_refine_adopts_the_best_scored_matching_explanations(repo, bootstrap, tm
     stores = repo.work / "data" / "collect" / "stores"
     stats = json.loads((bootstrap / "stats.json").read_text())
     fmt = PromptFormat.of_dataset(stats)
-    episodes = episodes_by_split({"collected": stores / "collected"}, stats["val_fraction"], stats["seed"])
+    episodes = episodes_by_split({"collected": stores / "collected"}, stats["val_fraction"], stats["seed"],
+                                 stats.get("coords", "abs"))
 
     def screen_key(user: str) -> str:  # the prompt without its history (which changes between rounds)
         return "\n".join(line for line in user.splitlines() if not line.startswith(("Step ", "Previous actions")))
