@@ -33,7 +33,7 @@ import json
 import random
 import shutil
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from typing import Any
 from PIL import Image
 
 from mobilerl.agent import prompt as PR
-from mobilerl.data.schema import Trajectory
+from mobilerl.data.schema import StepRecord, Trajectory
 from mobilerl.data.store import iter_store
 from mobilerl.env.actions import Action, ActionParseError, format_action
 
@@ -106,14 +106,7 @@ def samples_from_trajectory(
     """The SFT samples of one stored episode (invalid steps are skipped, as targets and in history).
     ``coords="rel"``: screen bounds and actions on the 0-999 grid (needs the episode's screen size)."""
     history: list[str] = []
-    size = screen_size(traj) if coords != "abs" else None
-    for s in traj.steps:
-        if s.action is None:
-            continue
-        try:
-            xml_c, action = PR.in_frame(s.xml_compressed, Action.from_dict(s.action), size, coords)
-        except (ActionParseError, KeyError, TypeError):
-            continue
+    for s, xml_c, action in framed_steps(traj, coords):
         think = _think(s.response) if reasoning else None
         response = PR.render_response(action, think)
         image = root / s.screenshot_path if s.screenshot_path and mode != "xml" else None
@@ -131,6 +124,22 @@ def samples_from_trajectory(
         history.append(response if reasoning else PR.render_response(format_action(action)))
 
 
+def framed_steps(traj: Trajectory, coords: str = "abs") -> Iterator[tuple[StepRecord, str, Action]]:
+    """``(step, screen, action)`` of each valid step of an episode, screen and action in the ``coords``
+    frame (:func:`mobilerl.agent.prompt.in_frame`). Invalid steps are skipped: the SFT data and the
+    reasoning stages leave them out as targets and in the history alike. ``ValueError`` when
+    ``coords="rel"`` and the record has no screen size."""
+    size = screen_size(traj) if coords != "abs" else None
+    for s in traj.steps:
+        if s.action is None:
+            continue
+        try:
+            xml_c, action = PR.in_frame(s.xml_compressed, Action.from_dict(s.action), size, coords)
+        except (ActionParseError, KeyError, TypeError):
+            continue
+        yield s, xml_c, action
+
+
 def screen_size(traj: Trajectory) -> tuple[int, int]:
     """The (width, height) the episode was recorded at (``meta["screen_size"]``, written by the rollout)."""
     size = traj.meta.get("screen_size")
@@ -138,6 +147,15 @@ def screen_size(traj: Trajectory) -> tuple[int, int]:
         raise ValueError(f"{traj.task_id}: no meta.screen_size in the record, needed for coords='rel' "
                          "(re-collect with this version, or use coords='abs')")
     return int(size[0]), int(size[1])
+
+
+def _fresh_dir(path: str | Path) -> Path:
+    """``path`` emptied (a dataset folder is always written whole)."""
+    out = Path(path)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    return out
 
 
 def _file_hash(path: Path, cache: dict[Path, str]) -> str:
@@ -182,10 +200,7 @@ def write_sharegpt(out_dir: str | Path, name: str, splits: dict[str, list[dict[s
     :func:`build_sft`'s: ``train.json`` / ``val.json``, ``dataset_info.json``, ``stats.json`` (``stats``
     plus the counts). Record ``images`` are paths of existing files; they are copied content-addressed
     under ``images/`` and replaced by their relative paths."""
-    out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out = _fresh_dir(out_dir)
     hashes: dict[Path, str] = {}
     copied: set[str] = set()
     counts = {}
@@ -224,10 +239,7 @@ def build_sft(
         raise ValueError(f"prompt style must be one of {PR.PROMPT_STYLES}, got {style!r}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out = _fresh_dir(out_dir)
     hashes: dict[Path, str] = {}
     copied: set[str] = set()
     seen: set[str] = set()

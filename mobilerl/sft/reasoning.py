@@ -36,10 +36,10 @@ from mobilerl.agent.prompt import (
     OBSERVATION_MODES,
     PROMPT_STYLES,
     build_messages,
-    in_frame,
     render_response,
     sharegpt_record,
 )
+from mobilerl.data.sft import framed_steps
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
@@ -334,14 +334,7 @@ def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
             continue
         history: list[str] = []
         ep: list[ExpertStep] = []
-        size = _screen_size(t) if coords != "abs" else None
-        for s in t.steps:
-            if s.action is None:
-                continue
-            try:
-                xml_c, action = in_frame(s.xml_compressed, Action.from_dict(s.action), size, coords)
-            except (ActionParseError, KeyError, TypeError):
-                continue  # an invalid step: skipped as a target and in the history, as the SFT data does
+        for s, xml_c, action in framed_steps(t, coords):  # as the SFT data does: invalid steps left out
             image = s.screenshot_path
             if image and root is not None:
                 image = str(Path(root) / image)
@@ -351,12 +344,6 @@ def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
         if ep:
             out.append(ep)
     return out
-
-
-def _screen_size(traj: Any) -> tuple[int, int]:
-    from mobilerl.data.sft import screen_size
-
-    return screen_size(traj)
 
 
 def episodes_by_split(stores: Mapping[str, str | Path], val_fraction: float, seed: int, coords: str = "abs"
@@ -373,10 +360,11 @@ def episodes_by_split(stores: Mapping[str, str | Path], val_fraction: float, see
         for t in iter_store(root):
             if not (t.success or (not t.has_verifier and t.error is None)):
                 continue
-            if coords != "abs" and not t.meta.get("screen_size"):
+            try:
+                eps = expert_episodes([t], root, only_success=False, prefix=f"{name}:", coords=coords)
+            except ValueError:
                 continue  # no screen size recorded: not shown on the grid (the SFT dataset skips it too)
-            for ep in expert_episodes([t], root, only_success=False, prefix=f"{name}:", coords=coords):
-                out[split_of(t.task_id, val_fraction, seed)].append(ep)
+            out[split_of(t.task_id, val_fraction, seed)].extend(eps)
     return out
 
 
