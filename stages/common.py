@@ -12,6 +12,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
 
+
+def repo_path(p: str | Path, root: Path = ROOT) -> Path:
+    """A path from params: absolute as given, else relative to the repository."""
+    q = Path(p)
+    return q if q.is_absolute() else root / q
+
 C = TypeVar("C", bound=BaseModel)
 
 

@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 
 from mobilerl import tracking
 from mobilerl.env.base import TaskSpec
-from stages.common import ROOT, StageConfig, load_params, write_json
+from stages.common import ROOT, StageConfig, load_params, repo_path, write_json
 
 TASKS = ROOT / "data" / "tasks" / "suites"
 OUT = ROOT / "data" / "eval"
@@ -102,8 +102,7 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
 
 
 def checkpoint_path(spec: CheckpointSpec, root: Path = ROOT) -> Path:
-    p = Path(spec.path)
-    return p if p.is_absolute() else root / p
+    return repo_path(spec.path, root)
 
 
 def make_policy_factory(name: str, cfg: EvaluateConfig, root: Path = ROOT) -> tuple[Callable[[int], Any], int]:

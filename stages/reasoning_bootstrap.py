@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, write_json
+from stages.common import ROOT, StageConfig, load_params, read_json, repo_path, write_json
 
 STORES = ROOT / "data" / "collect" / "stores"
 OUT = ROOT / "data" / "reasoning" / "bootstrap"
@@ -55,11 +55,6 @@ class BootstrapConfig(StageConfig):
                                                           "(null: all).")
     name: str = Field("mobilerl_reasoning", description="Dataset name prefix in dataset_info.json.")
     seed: int = Field(0, description="Sampling and selection seed.")
-
-
-def path(p: str) -> Path:
-    q = Path(p)
-    return q if q.is_absolute() else ROOT / q
 
 
 def make_teacher(spec: dict[str, Any]) -> Any:
@@ -161,7 +156,7 @@ def main() -> None:
     cfg = load_params("reasoning_bootstrap", BootstrapConfig)
     t0 = time.perf_counter()
     with tracking.stage_run("reasoning_bootstrap", cfg.model_dump()) as run_:
-        metrics = bootstrap(cfg, path(cfg.sft_dataset), STORES, OUT)
+        metrics = bootstrap(cfg, repo_path(cfg.sft_dataset), STORES, OUT)
         metrics["wall_s"] = time.perf_counter() - t0
         tracking.log_metrics({"bootstrap": metrics})
         metrics["mlflow_run_id"] = run_.info.run_id

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, write_json
+from stages.common import ROOT, StageConfig, load_params, read_json, repo_path, write_json
 from stages.reasoning_bootstrap import STORES, source_stores
 from stages.sft_reasoning_free import rel
 
@@ -65,11 +65,6 @@ class RefineConfig(StageConfig):
     timeout_minutes: float | None = Field(None, gt=0, description="Kill a round's training after this long.")
     name: str = Field("mobilerl_reasoning", description="Dataset name prefix in dataset_info.json.")
     seed: int = Field(0, description="Step sampling and proposal seed.")
-
-
-def path(p: str) -> Path:
-    q = Path(p)
-    return q if q.is_absolute() else ROOT / q
 
 
 def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any:
@@ -111,7 +106,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
                                  stats0.get("coords", "abs"))
     explanations: dict[str, str] = read_json(boot_dir / "explanations.json")
     train_ids = {st.step_id for ep in episodes["train"] for st in ep}
-    init = path(cfg.init)
+    init = repo_path(cfg.init)
     rng = random.Random(cfg.seed)
     rounds: list[dict[str, Any]] = []
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +189,7 @@ def main() -> None:
     cfg = load_params("reasoning_refine", RefineConfig)
     t0 = time.perf_counter()
     with tracking.stage_run("reasoning_refine", cfg.model_dump()) as run_:
-        metrics = refine(cfg, path(cfg.bootstrap), STORES, OUT, CHECKPOINT)
+        metrics = refine(cfg, repo_path(cfg.bootstrap), STORES, OUT, CHECKPOINT)
         metrics["wall_s"] = time.perf_counter() - t0
         tracking.log_metrics({"refine/final": {"train": metrics["train"], "val": metrics["val"],
                                                "wall_s": metrics["wall_s"]}})

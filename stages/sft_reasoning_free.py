@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, write_json
+from stages.common import ROOT, StageConfig, load_params, read_json, repo_path, write_json
 
 CHECKPOINTS = ROOT / "data" / "checkpoints"
 
@@ -41,12 +41,6 @@ class SFTStageConfig(StageConfig):
                                   "tokenizer (the counterfactual of the tiny base; same data and budget).")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("reasoning-free-sft", description="MLflow alias of the registered version.")
-
-
-def path(p: str | Path) -> Path:
-    """A params path: absolute as given, else relative to the repository."""
-    p = Path(p)
-    return p if p.is_absolute() else ROOT / p
 
 
 def rel(p: Path) -> str:
@@ -79,8 +73,8 @@ def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base:
     from mobilerl.sft.llamafactory import train_sft
 
     profile = load_profile(cfg.profile)
-    dataset_dir = dataset_dir or path(cfg.dataset_dir)
-    base = base or (path(cfg.base) if cfg.base else profile.weights_path)
+    dataset_dir = dataset_dir or repo_path(cfg.dataset_dir)
+    base = base or (repo_path(cfg.base) if cfg.base else profile.weights_path)
     if cfg.init == "random":
         base = random_init_like(base, out.parent / f"{out.name}.init")
     fmt = check_prompt_format(dataset_dir, profile) if cfg.check_prompt_format else None
