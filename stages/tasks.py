@@ -26,28 +26,40 @@ class TasksConfig(StageConfig):
     check_oracle: bool = Field(True, description="Run the oracle over every test task (must reach 100%).")
 
 
-def build(cfg: TasksConfig) -> dict:
+def build(cfg: TasksConfig, workers: int = 2) -> dict:
+    """Every (suite, split) in its own process (``workers`` at a time): drawing parameters builds a device
+    per instance and the oracle check runs every test task, so the splits are independent CPU work."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    (OUT / "suites").mkdir(parents=True, exist_ok=True)
+    jobs = [(suite, split, n, cfg.check_oracle, cfg.oracle_perturb)
+            for suite in cfg.suites for split, n in (("test", cfg.n_test), ("train", cfg.n_train))]
+    if workers <= 1:
+        results = [_materialise(*job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
+            results = list(pool.map(_materialise, *zip(*jobs, strict=True)))
+    return {f"{suite}_{split}": m for (suite, split, *_), m in zip(jobs, results, strict=True)}
+
+
+def _materialise(suite: str, split: str, n: int | None, check_oracle: bool, perturb: str) -> dict:
+    """Write ``{suite}_{split}.jsonl``; return its metrics (with the oracle's success on test splits)."""
     from mobilerl.env.sim import run_oracle
     from mobilerl.env.sim.tasks import list_tasks
 
-    metrics: dict = {}
-    (OUT / "suites").mkdir(parents=True, exist_ok=True)
-    for suite in cfg.suites:
-        for split, n in (("test", cfg.n_test), ("train", cfg.n_train)):
-            tasks = list_tasks(suite, split, n=n, with_optimal=split == "test")
-            path = OUT / "suites" / f"{suite}_{split}.jsonl"
-            with path.open("w") as f:
-                for t in tasks:
-                    f.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
-            m = {"tasks": len(tasks), "templates": len({t.template for t in tasks}),
-                 "apps": len({a for t in tasks for a in t.apps})}
-            if split == "test":
-                m["difficulty"] = dict(Counter(t.difficulty for t in tasks))
-                if cfg.check_oracle:
-                    ok = sum(run_oracle(t, perturb=cfg.oracle_perturb).success for t in tasks)
-                    m["oracle_success_rate"] = ok / max(1, len(tasks))
-            metrics[f"{suite}_{split}"] = m
-    return metrics
+    tasks = list_tasks(suite, split, n=n, with_optimal=split == "test")
+    path = OUT / "suites" / f"{suite}_{split}.jsonl"
+    with path.open("w") as f:
+        for t in tasks:
+            f.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
+    m: dict = {"tasks": len(tasks), "templates": len({t.template for t in tasks}),
+               "apps": len({a for t in tasks for a in t.apps})}
+    if split == "test":
+        m["difficulty"] = dict(Counter(t.difficulty for t in tasks))
+        if check_oracle:
+            ok = sum(run_oracle(t, perturb=perturb).success for t in tasks)
+            m["oracle_success_rate"] = ok / max(1, len(tasks))
+    return m
 
 
 def main() -> None:

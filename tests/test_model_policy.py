@@ -134,3 +134,31 @@ def test_grid_frame_policy_sees_grid_bounds_and_acts_in_pixels():
         prompt.parse_action(bad.action_text)
     with pytest.raises(ValueError, match="coords"):
         ModelPolicy(_Fixed(""), coords="pixels")
+
+
+class _Counting(_Fixed):
+    calls = 0
+
+    async def generate(self, requests, sampling):
+        self.calls += len(requests)
+        return await super().generate(requests, sampling)
+
+
+def test_greedy_policy_answers_a_repeated_prompt_from_memory_and_sampling_does_not():
+    task = short_task(4)
+    obs = CounterEnv().reset(task)
+    ctx = PolicyContext(task, obs, "Button;clickable;Add;[390,1100][690,1300]", (), 0, "e#0")
+    moved = PolicyContext(task, obs, "Button;clickable;Add;[390,1200][690,1400]", (), 1, "e#0")
+    greedy = ModelPolicy(_Counting('<answer>do(action="Back")</answer>'), sampling=SamplingConfig(temperature=0))
+    outs = [asyncio.run(greedy.act(c)) for c in (ctx, ctx, moved, ctx)]
+    assert greedy.backend.calls == 2 and greedy.reused == 2  # the changed screen is a new prompt
+    assert outs[0] is outs[1] is outs[3] and outs[2].text == outs[0].text
+    assert greedy.with_seed(1).reused == 0 and not greedy.with_seed(1)._answered  # a new episode forgets
+    sampled = ModelPolicy(_Counting('<answer>do(action="Back")</answer>'), sampling=SamplingConfig(temperature=1.0))
+    for _ in range(3):
+        asyncio.run(sampled.act(ctx))
+    assert sampled.backend.calls == 3 and sampled.reused == 0
+    off = ModelPolicy(_Counting("x"), sampling=SamplingConfig(temperature=0), reuse_greedy=False)
+    for _ in range(2):
+        asyncio.run(off.act(ctx))
+    assert off.backend.calls == 2

@@ -9,6 +9,11 @@ Episodes run concurrently and each awaits ``backend.generate`` for its step, so 
 backend: the HF backend's micro-batcher (and a vLLM server's scheduler) turns N episodes in flight into
 batches of up to N. Nothing here batches or blocks.
 
+Greedy reuse: at ``temperature=0`` a response depends on its prompt alone, so a policy answers a prompt it
+has already answered in the same episode (an agent stuck on one screen repeating one action) from memory
+instead of generating again: the same text and logprobs, no model call. The env is still stepped; the
+trajectory is the one the model would have produced. Screenshot modes are always generated.
+
 Seeds: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
 ``stable_seed(sampling.seed, e, t)``, so an episode's responses do not depend on which other episodes
 share its batches or in which order they arrive; ``seed=None`` samples fresh randomness.
@@ -17,6 +22,8 @@ share its batches or in which order they arrive; ``seed=None`` samples fresh ran
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from mobilerl.agent import prompt
@@ -49,6 +56,10 @@ class ModelPolicy:
     max_history: int | None = None
     prompt_style: str = "full"
     coords: str = "abs"  # "rel": the screen and the answers on the 0-999 grid (converted back to pixels here)
+    reuse_greedy: bool = True  # temperature 0: a prompt answered before in this episode is not generated again
+    # prompt -> response of this episode (``with_seed`` makes a fresh policy, and memory, per episode)
+    _answered: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
+    reused: int = field(default=0, init=False, compare=False)  # responses served from memory
 
     def __post_init__(self) -> None:
         if self.coords not in prompt.COORD_FRAMES:
@@ -82,7 +93,14 @@ class ModelPolicy:
         s = self.sampling
         if s.seed is not None:
             s = dataclasses.replace(s, seed=stable_seed(s.seed, ctx.episode_id, ctx.step))
-        [gen] = await self.backend.generate([self.request(ctx)], s)
+        req = self.request(ctx)
+        key = None
+        if self.reuse_greedy and s.temperature == 0 and not req.images:
+            key = json.dumps(req.messages, sort_keys=True, default=str)
+            if key in self._answered:
+                self.reused += 1
+                return self._answered[key]
+        [gen] = await self.backend.generate([req], s)
         action_text = None
         if self.coords != "abs":
             size = (ctx.observation.width, ctx.observation.height)
@@ -90,4 +108,12 @@ class ModelPolicy:
                 action_text = prompt.action_to_env(gen.text, size, self.coords)
             except ActionParseError as e:
                 action_text = f"invalid ({e})"  # unparsable: the rollout records an invalid step
-        return PolicyOutput(gen.text, list(gen.logprobs), action_text)
+        out = PolicyOutput(gen.text, list(gen.logprobs), action_text)
+        if key is not None:
+            self._answered[key] = out
+            if len(self._answered) > _MAX_ANSWERED:
+                self._answered.popitem(last=False)
+        return out
+
+
+_MAX_ANSWERED = 256  # prompts remembered per episode (an episode has at most 50 steps)
