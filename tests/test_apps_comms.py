@@ -303,3 +303,16 @@ def test_deterministic_content():
         a.launch(app)
         b.launch(app)
         assert a.xml() == b.xml()
+
+
+def test_deleting_a_contact_whose_page_is_stacked_twice_removes_it_once():
+    dev = fresh("Contacts")
+    contacts = dev.app("Contacts")
+    c = contacts.ordered()[0]
+    n = len(contacts.contacts)
+    contacts.push("details", contact=c)
+    contacts.push("details", contact=c)  # the same details page twice on the stack
+    for _ in range(2):
+        tap(dev, rid="delete")
+        tap(dev, rid="confirm_delete")  # the second time: already gone, no crash
+    assert len(contacts.contacts) == n - 1 and c not in contacts.contacts

@@ -80,7 +80,8 @@ class Contacts(App):
             body.append(Row(c.company, "Company", rid="company"))
 
         def delete() -> None:
-            self.contacts.remove(c)
+            if c in self.contacts:  # the same contact's page can be on the stack twice
+                self.contacts.remove(c)
             self.pop()
 
         page = Page(c.name, body=body, nav_back=True, actions=[
