@@ -7,6 +7,11 @@ generation backend of the model ``profile`` and prompted the way that profile's 
 JSONL of trajectories per (policy, suite) under ``data/eval/trajectories/``; metrics:
 ``data/eval/summary.json`` — the summary of each (policy, suite) with the id of the nested MLflow run it was
 logged to.
+
+Offline step accuracy (AndroidControl-style, high mode, Table 8 rules): each checkpoint also answers every
+step of expert rollouts of ``offline_per_template`` test tasks per template of ``offline_suite``, with the
+expert's history (wrong answers replaced by the expert's); ``data/eval/offline.json``. When every checkpoint
+fails online, this still tells them apart.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class EvaluateConfig(StageConfig):
         None, ge=1, description="Cap on tasks per suite for checkpoint policies, spread evenly over the task list "
                                 "(smoke runs: an untrained checkpoint runs every episode to its budget).")
     seed: int = Field(0, description="Base seed of the policies' sampling.")
+    offline_suite: Literal["world", "lab"] = Field("world", description="Suite of the offline step evaluation.")
+    offline_per_template: int = Field(
+        1, ge=0, description="Expert-rolled test tasks per template scored step by step (0: no offline evaluation).")
 
     @field_validator("checkpoints", mode="before")
     @classmethod
@@ -144,6 +152,51 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
                        coords=g.coords)
 
 
+def offline_episodes(cfg: EvaluateConfig) -> list:
+    """Expert rollouts of the offline tasks as AndroidControl-style step data (XML only, seeded)."""
+    from mobilerl.agent import OraclePolicy
+    from mobilerl.eval import evaluate_sync
+    from mobilerl.eval.androidcontrol import from_trajectory
+
+    tasks = load_tasks(cfg.offline_suite, cfg.split, cfg.offline_per_template)
+    if cfg.model_max_tasks and len(tasks) > cfg.model_max_tasks:  # the checkpoints' cap (smoke runs)
+        tasks = [tasks[i * len(tasks) // cfg.model_max_tasks] for i in range(cfg.model_max_tasks)]
+    trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, concurrency=cfg.concurrency, perturb=cfg.perturb,
+                          base_seed=cfg.seed, progress=False)
+    bad = [t.task_id for t in trajs if not t.success]
+    if bad:
+        raise RuntimeError(f"evaluate: the expert failed offline tasks {bad[:5]} (of {len(bad)})")
+    return [from_trajectory(t) for t in trajs]
+
+
+def evaluate_offline(cfg: EvaluateConfig) -> dict[str, dict]:
+    """Each checkpoint policy's offline step metrics, logged to a nested MLflow run ``<name>/offline``."""
+    import asyncio
+
+    from mobilerl.eval.androidcontrol import run_androidcontrol
+    from mobilerl.models.profiles import load_profile
+
+    names = [n for n in cfg.policies if n in cfg.checkpoints]
+    if not names or cfg.offline_per_template == 0:
+        return {}
+    episodes = offline_episodes(cfg)
+    frame = load_profile(cfg.profile).generation.coords
+    out: dict[str, dict] = {}
+    for name in names:
+        policy = checkpoint_policy(name, cfg.checkpoints[name], cfg)
+        with tracking.child_run(f"{name}/offline", "evaluate", policy=name, suite=f"{cfg.offline_suite}-offline") as run:
+            t0 = time.perf_counter()
+            res = asyncio.run(run_androidcontrol(policy, episodes, "high", cfg.model_concurrency, frame=frame))
+            m: dict[str, Any] = {**res.metrics, "wall_s": time.perf_counter() - t0,
+                                 "suite": f"{cfg.offline_suite}/{cfg.split}"}
+            tracking.log_metrics({k: v for k, v in m.items() if isinstance(v, int | float)})
+            m["mlflow_run_id"] = run.info.run_id
+        out[name] = m
+        print(f"evaluate: {name} offline ({len(episodes)} expert episodes, {m['androidcontrol/high/n_steps']} "
+              f"steps): step success {m['androidcontrol/high/step_success_rate']:.3f}")
+    return out
+
+
 def main() -> None:
     from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
 
@@ -175,7 +228,9 @@ def main() -> None:
                 sr = s["eval/success_rate"]
                 print(f"evaluate: {name} on {suite}/{cfg.split}: success {sr:.3f} over {len(trajs)} episodes "
                       f"in {wall:.1f}s")
+        offline = evaluate_offline(cfg)
     write_json(OUT / "summary.json", summary)
+    write_json(OUT / "offline.json", offline)
 
 
 if __name__ == "__main__":

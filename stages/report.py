@@ -18,6 +18,7 @@ from mobilerl import tracking
 from stages.common import ROOT, StageConfig, load_params, read_json, write_json
 
 SUMMARY = ROOT / "data" / "eval" / "summary.json"
+OFFLINE = ROOT / "data" / "eval" / "offline.json"  # checkpoint policies only; absent in older runs
 REPORTS = ROOT / "reports"
 BASELINES = ("oracle", "random")
 
@@ -46,7 +47,25 @@ def _suites(summary: dict) -> list[str]:
     return [s for s in ("world", "lab") if s in found] + sorted(found - {"world", "lab"})
 
 
-def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str]) -> str:
+def offline_table(offline: dict) -> list[str]:
+    """Offline step accuracy of the checkpoints (``data/eval/offline.json``; empty: no section)."""
+    if not offline:
+        return []
+    suite = next(iter(offline.values())).get("suite", "")
+    lines = [f"## Offline step accuracy (AndroidControl-style, high mode) — expert episodes of {suite}", "",
+             "Each step of an expert rollout, with the expert's history (a wrong answer is replaced by the expert's "
+             "action); Table 8 rules: point in the predicted box, Type F1 > 0.5, swipe direction, app name.", "",
+             "| policy | episodes | steps | type acc | grounding acc | step SR | episode SR | invalid % | run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p in _order(list(offline)):
+        x = {k.rsplit("/", 1)[-1]: v for k, v in offline[p].items()}
+        lines.append(f"| {p} | {x.get('n_episodes')} | {x.get('n_steps')} | {_pct(x.get('type_accuracy'))} | "
+                     f"{_pct(x.get('grounding_accuracy_all'))} | {_pct(x.get('step_success_rate'))} | "
+                     f"{_pct(x.get('episode_success_rate'))} | {_pct(x.get('invalid_rate'))} | {_run(offline[p])} |")
+    return lines + [""]
+
+
+def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offline: dict | None = None) -> str:
     policies = _order(list(summary))
     suites = _suites(summary)
     lines = [f"# {cfg.title}", ""]
@@ -126,13 +145,17 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str]) -> str
                 lines.append(f"| {p} | {s} | " + " | ".join(str(x.get(f"failures/{k}", 0)) for k in kinds)
                              + f" | {_run(x)} |")
     lines.append("")
+    lines += offline_table(offline or {})
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}](figures/{Path(f).name})" for f in figures] + [""]
     return "\n".join(lines)
 
 
-def metrics_json(summary: dict, cfg: ReportConfig) -> dict:
+def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None) -> dict:
     out: dict = {}
+    for p, x in (offline or {}).items():
+        out.setdefault(p, {})["offline"] = {k.rsplit("/", 1)[-1]: v for k, v in x.items()
+                                            if k.startswith("androidcontrol/")} | {"mlflow_run_id": x["mlflow_run_id"]}
     for p, suites in summary.items():
         for s, x in suites.items():
             m = {"success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],
@@ -181,11 +204,12 @@ def plot(summary: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
 def main() -> None:
     cfg = load_params("report", ReportConfig)
     summary = read_json(SUMMARY)
+    offline = read_json(OFFLINE) if OFFLINE.is_file() else {}
     with tracking.stage_run("report", cfg.model_dump()) as run:
         figures = plot(summary, cfg, REPORTS / "figures")
-        md = render_markdown(summary, cfg, figures)
+        md = render_markdown(summary, cfg, figures, offline)
         (REPORTS / "report.md").write_text(md)
-        metrics = metrics_json(summary, cfg)
+        metrics = metrics_json(summary, cfg, offline)
         metrics["report_mlflow_run_id"] = run.info.run_id
         write_json(REPORTS / "metrics.json", metrics)
         import mlflow

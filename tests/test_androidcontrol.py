@@ -180,7 +180,7 @@ def test_high_mode_replaces_wrong_predictions_with_ground_truth():
     assert [c.task.instruction for c in pol.seen] == ["Email Alice hello"] * 3
     assert pol.seen[1].history == (answers[0],)
     # the wrong second prediction was replaced by the ground-truth action in the history
-    assert pol.seen[2].history == (answers[0], format_action(ep.actions[1].action))
+    assert pol.seen[2].history == (answers[0], f"<answer>{format_action(ep.actions[1].action)}</answer>")
     assert pol.seen[1].xml_compressed == SCREEN
     m = res.metrics
     assert m["androidcontrol/high/step_success_rate"] == pytest.approx(2 / 3)
@@ -212,3 +212,43 @@ def test_driver_with_scripted_policy_and_bad_input():
         asyncio.run(run_androidcontrol(ScriptedPolicy(gold), [ep], mode="medium"))
     with pytest.raises(ValueError, match="must match"):
         ACEpisode("x", "g", ["a"], ["", ""], ep.actions[:1])
+
+
+def test_our_expert_trajectories_are_step_data_and_grid_policies_are_judged_in_pixels():
+    from mobilerl.agent import OraclePolicy
+    from mobilerl.agent.model_policy import ModelPolicy
+    from mobilerl.agent.prompt import in_frame, render_response
+    from mobilerl.env.sim.tasks import get_task
+    from mobilerl.eval import evaluate_sync
+    from mobilerl.eval.androidcontrol import from_trajectory
+    from mobilerl.models.generation import Generation, SamplingConfig
+
+    [traj] = evaluate_sync(lambda seed: OraclePolicy(), [get_task("world/test/ContactsAddContact/0")],
+                           perturb="none", progress=False)
+    ep = from_trajectory(traj)
+    assert len(ep.actions) == len(traj.steps) >= 3 and ep.goal == traj.instruction
+    assert ep.observations[0] == traj.steps[0].xml_compressed and (ep.width, ep.height) == (1080, 2400)
+    gold = [format_action(g.action) for g in ep.actions]
+    res = asyncio.run(run_androidcontrol(ScriptedPolicy(gold), [ep], mode="high"))
+    assert res.metrics["androidcontrol/high/step_success_rate"] == 1.0
+
+    class Grid:  # a backend answering the expert's action on the 0-999 grid, except at step 1 (Back)
+        def __init__(self):
+            self.prompts = []
+
+        async def generate(self, requests, sampling):
+            self.prompts.append(requests[0].messages[1]["content"])
+            i = len(self.prompts) - 1
+            if i == 1:
+                return [Generation("<answer>do(action=\"Back\")</answer>", [1], [-0.1], "stop")]
+            _, a = in_frame("", ep.actions[i].action, (ep.width, ep.height), "rel")
+            return [Generation(render_response(a), [1], [-0.1], "stop")]
+
+    grid = Grid()
+    policy = ModelPolicy(grid, obs_mode="xml", sampling=SamplingConfig(temperature=0), coords="rel",
+                         prompt_style="compact")
+    res = asyncio.run(run_androidcontrol(policy, [ep], mode="high", concurrency=1, frame="rel"))
+    assert [s.judgement.success for s in res.steps] == [i != 1 for i in range(len(ep.actions))]
+    _, framed = in_frame("", ep.actions[1].action, (ep.width, ep.height), "rel")
+    assert framed.element != ep.actions[1].action.element  # a Tap: grid and pixels differ
+    assert render_response(framed) in grid.prompts[2]  # the replaced step, on the grid

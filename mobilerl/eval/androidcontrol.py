@@ -26,8 +26,13 @@ over all GT Tap / Long Press steps), ``step_success_rate`` (type and argument ru
 
 Modes (:func:`run_androidcontrol`): **low** — one single-turn call per step, the instruction is the step
 instruction, no history; **high** — the episode goal, with a history of previous turns, in which a wrong
-prediction is replaced by the ground-truth action (``format_action``) so that later steps are judged
-from the expert's path.
+prediction is replaced by the ground-truth action (as a response, ``<answer>…</answer>``) so that later
+steps are judged from the expert's path.
+
+Our own trajectories are step data too (:func:`from_trajectory`): the evaluate stage scores checkpoints
+this way on expert rollouts of held-out tasks. A policy that answers on the 0-999 grid
+(``coords="rel"``) is judged on the action it hands the env (``PolicyOutput.action_text``, pixels), and
+its history's ground-truth replacements are written on the grid (``frame="rel"``), as it was trained.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mobilerl.agent import prompt
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
@@ -231,6 +237,29 @@ class ACResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def from_trajectory(traj: Any) -> ACEpisode:
+    """One of our trajectories (:class:`~mobilerl.data.schema.Trajectory`, e.g. an expert rollout) as offline
+    step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal.
+    Our records have no per-step instructions, so low mode would see the goal at every step."""
+    steps = [s for s in traj.steps if s.action is not None]
+    size = traj.meta.get("screen_size") or (1080, 2400)
+    return ACEpisode(
+        episode_id=f"{traj.task_id}#{traj.trial}",
+        goal=traj.instruction,
+        step_instructions=[traj.instruction] * len(steps),
+        observations=[s.xml_compressed for s in steps],
+        actions=[GTStep(Action.from_dict(s.action)) for s in steps],
+        width=int(size[0]),
+        height=int(size[1]),
+    )
+
+
+def _gt_response(action: Action, ep: ACEpisode, frame: str) -> str:
+    """The ground-truth action as the policy's own response would show it in the history."""
+    _, framed = prompt.in_frame("", action, (ep.width, ep.height), frame)
+    return prompt.render_response(framed)  # type: ignore[arg-type]
+
+
 def _task(ep: ACEpisode, instruction: str, index: int | None) -> TaskSpec:
     tid = f"androidcontrol/test/{ep.episode_id}" + (f"/{index}" if index is not None else "")
     return TaskSpec(
@@ -238,7 +267,7 @@ def _task(ep: ACEpisode, instruction: str, index: int | None) -> TaskSpec:
     )
 
 
-async def _run_episode(policy: Policy, ep: ACEpisode, mode: str) -> list[ACStepResult]:
+async def _run_episode(policy: Policy, ep: ACEpisode, mode: str, frame: str = "abs") -> list[ACStepResult]:
     out: list[ACStepResult] = []
     history: list[str] = []
     goal_task = _task(ep, ep.goal, None)
@@ -253,19 +282,20 @@ async def _run_episode(policy: Policy, ep: ACEpisode, mode: str) -> list[ACStepR
         resp = await policy.act(ctx)
         if not isinstance(resp, PolicyOutput):
             raise TypeError(f"{type(policy).__name__}.act returned {type(resp).__name__}, not PolicyOutput")
-        j = judge_response(gt, resp.text)
+        j = judge_response(gt, resp.text if resp.action_text is None else resp.action_text)
         out.append(ACStepResult(ep.episode_id, i, resp.text, format_action(gt.action), j))
-        history.append(resp.text if j.success else format_action(gt.action))
+        history.append(resp.text if j.success else _gt_response(gt.action, ep, frame))
     return out
 
 
 async def run_androidcontrol(
-    policy: Policy, episodes: Sequence[ACEpisode], mode: str = "high", concurrency: int = 8
+    policy: Policy, episodes: Sequence[ACEpisode], mode: str = "high", concurrency: int = 8, frame: str = "abs"
 ) -> ACResult:
     """Query ``policy`` on every step of ``episodes`` in ``mode`` (``"low"`` or ``"high"``) and score it.
 
     Episodes run concurrently (at most ``concurrency`` at once); the steps of one episode run in order
-    (high mode's history depends on the previous judgements). A policy exception propagates.
+    (high mode's history depends on the previous judgements). A policy exception propagates. ``frame``:
+    the coordinate frame the policy answers in (``abs`` / ``rel``), for the history's replacements.
     Metrics: :func:`step_metrics` plus ``episode_success_rate`` and ``n_episodes``.
     """
     if mode not in ("low", "high"):
@@ -276,7 +306,7 @@ async def run_androidcontrol(
 
     async def one(ep: ACEpisode) -> list[ACStepResult]:
         async with sem:
-            return await _run_episode(policy, ep, mode)
+            return await _run_episode(policy, ep, mode, frame)
 
     per_episode = await asyncio.gather(*(one(ep) for ep in episodes))
     result = ACResult(mode=mode, steps=[s for eps in per_episode for s in eps])
