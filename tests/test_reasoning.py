@@ -74,6 +74,22 @@ def test_teacher_explains_and_sometimes_argues_wrong(steps):
         asyncio.run(SimTeacher().generate([ChatRequest(steps[0].messages())], SamplingConfig(seed=0)))
 
 
+def test_terse_teacher_does_not_restate_the_task(steps):
+    goal = ("The task:", "I need to:", "Goal —")
+    texts = {}
+    for restate in (1.0, 0.0):
+        teacher = SimTeacher(p_wrong=0.0, restate_task=restate)
+        for st in steps:
+            teacher.register(st)
+        cands = asyncio.run(propose(teacher, steps, k=2, sampling=SamplingConfig(temperature=1.0, seed=3)))
+        texts[restate] = [c.text for cs in cands for c in cs]
+    assert all(any(g in t for g in goal) for t in texts[1.0])
+    assert not any(g in t for t in texts[0.0] for g in goal)
+    assert all("<think>" in t for t in texts[0.0])  # still an explanation: the screen, the target, why
+    with pytest.raises(ValueError, match="restate_task"):
+        SimTeacher(restate_task=1.5)
+
+
 class _Scorer:
     """A policy stand-in whose score prefers longer explanations; proposes the expert action twice."""
 

@@ -13,6 +13,10 @@ prompt it is given (task, current app, compressed screen) and explains the exper
 simulator's knowledge of its own screens — what the target element is, why the action follows from the
 task — in varied phrasings, and with probability ``p_wrong`` it argues for a plausible *wrong* action
 (another clickable element, a needless scroll, an early finish), so filtering has something to reject.
+``restate_task`` is the share of explanations that restate the whole instruction ("The task: …"): an
+instruct VLM does, but for the tiny model a restated 20-word instruction is mostly a copying exercise it
+fails at (11 % span copy) and then conditions on the wrong goal, so the embedded default keeps thoughts to
+the screen, the target and the reason (``restate_task: 0``).
 The expert action for a prompt is registered with :meth:`SimTeacher.register` before asking.
 
 Histories. The prompt shows the policy's previous responses verbatim, ``<think>`` included (MobileRL §2),
@@ -231,8 +235,11 @@ class SimTeacher:
     """The embedded default's instruct model M (see the module docstring). Implements ``generate`` of the
     generation interface; ``score`` is not offered (M only proposes)."""
 
-    def __init__(self, p_wrong: float = 0.3):
+    def __init__(self, p_wrong: float = 0.3, restate_task: float = 1.0):
+        if not 0 <= restate_task <= 1:
+            raise ValueError(f"restate_task must be in [0, 1], got {restate_task}")
         self.p_wrong = p_wrong
+        self.restate_task = restate_task
         self._known: dict[str, _Known] = {}
 
     @staticmethod
@@ -294,6 +301,8 @@ class SimTeacher:
                             ""])
         goal = rng.choice([f"The task: {task}.", f"I need to: {task[0].lower() + task[1:]}.",
                            f"Goal — {task}."])
+        if self.restate_task < 1 and rng.random() >= self.restate_task:
+            goal = ""
         n = action.name
         if n in (A.TAP, A.LONG_PRESS):
             label = self._label(known, action.element)
