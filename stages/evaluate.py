@@ -158,9 +158,7 @@ def offline_episodes(cfg: EvaluateConfig) -> list:
     from mobilerl.eval import evaluate_sync
     from mobilerl.eval.androidcontrol import from_trajectory
 
-    tasks = load_tasks(cfg.offline_suite, cfg.split, cfg.offline_per_template)
-    if cfg.model_max_tasks and len(tasks) > cfg.model_max_tasks:  # the checkpoints' cap (smoke runs)
-        tasks = [tasks[i * len(tasks) // cfg.model_max_tasks] for i in range(cfg.model_max_tasks)]
+    tasks = spread(load_tasks(cfg.offline_suite, cfg.split, cfg.offline_per_template), cfg.model_max_tasks)
     trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, concurrency=cfg.concurrency, perturb=cfg.perturb,
                           base_seed=cfg.seed, progress=False)
     bad = [t.task_id for t in trajs if not t.success]
@@ -169,32 +167,30 @@ def offline_episodes(cfg: EvaluateConfig) -> list:
     return [from_trajectory(t) for t in trajs]
 
 
-def evaluate_offline(cfg: EvaluateConfig) -> dict[str, dict]:
-    """Each checkpoint policy's offline step metrics, logged to a nested MLflow run ``<name>/offline``."""
+def spread(tasks: list[TaskSpec], cap: int | None) -> list[TaskSpec]:
+    """At most ``cap`` of ``tasks``, spread evenly over the list (so over its templates); None: all."""
+    if not cap or len(tasks) <= cap:
+        return tasks
+    return [tasks[i * len(tasks) // cap] for i in range(cap)]
+
+
+def evaluate_offline(name: str, policy: Any, episodes: list, cfg: EvaluateConfig) -> dict[str, Any]:
+    """A checkpoint policy's offline step metrics on ``episodes``, logged to a nested MLflow run
+    ``<name>/offline``."""
     import asyncio
 
     from mobilerl.eval.androidcontrol import run_androidcontrol
-    from mobilerl.models.profiles import load_profile
 
-    names = [n for n in cfg.policies if n in cfg.checkpoints]
-    if not names or cfg.offline_per_template == 0:
-        return {}
-    episodes = offline_episodes(cfg)
-    frame = load_profile(cfg.profile).generation.coords
-    out: dict[str, dict] = {}
-    for name in names:
-        policy = checkpoint_policy(name, cfg.checkpoints[name], cfg)
-        with tracking.child_run(f"{name}/offline", "evaluate", policy=name, suite=f"{cfg.offline_suite}-offline") as run:
-            t0 = time.perf_counter()
-            res = asyncio.run(run_androidcontrol(policy, episodes, "high", cfg.model_concurrency, frame=frame))
-            m: dict[str, Any] = {**res.metrics, "wall_s": time.perf_counter() - t0,
-                                 "suite": f"{cfg.offline_suite}/{cfg.split}"}
-            tracking.log_metrics({k: v for k, v in m.items() if isinstance(v, int | float)})
-            m["mlflow_run_id"] = run.info.run_id
-        out[name] = m
-        print(f"evaluate: {name} offline ({len(episodes)} expert episodes, {m['androidcontrol/high/n_steps']} "
-              f"steps): step success {m['androidcontrol/high/step_success_rate']:.3f}")
-    return out
+    with tracking.child_run(f"{name}/offline", "evaluate", policy=name, suite=f"{cfg.offline_suite}-offline") as run:
+        t0 = time.perf_counter()
+        res = asyncio.run(run_androidcontrol(policy, episodes, "high", cfg.model_concurrency, frame=policy.coords))
+        m: dict[str, Any] = {**res.metrics, "wall_s": time.perf_counter() - t0,
+                             "suite": f"{cfg.offline_suite}/{cfg.split}"}
+        tracking.log_metrics({k: v for k, v in m.items() if isinstance(v, int | float)})
+        m["mlflow_run_id"] = run.info.run_id
+    print(f"evaluate: {name} offline ({len(episodes)} expert episodes, {m['androidcontrol/high/n_steps']} "
+          f"steps): step success {m['androidcontrol/high/step_success_rate']:.3f}")
+    return m
 
 
 def main() -> None:
@@ -205,12 +201,15 @@ def main() -> None:
     summary: dict = {}
     (OUT / "trajectories").mkdir(parents=True, exist_ok=True)
     tasks_by_suite = {suite: load_tasks(suite, cfg.split, cfg.max_per_template) for suite in cfg.suites}
+    offline: dict[str, dict] = {}
     with tracking.stage_run("evaluate", cfg.model_dump()):
+        episodes = (offline_episodes(cfg) if cfg.offline_per_template and any(n in cfg.checkpoints for n in cfg.policies)
+                    else [])
         for name in cfg.policies:
             factory, concurrency = make_policy_factory(name, cfg)
             for suite, tasks in tasks_by_suite.items():
-                if name in cfg.checkpoints and cfg.model_max_tasks and len(tasks) > cfg.model_max_tasks:
-                    tasks = [tasks[i * len(tasks) // cfg.model_max_tasks] for i in range(cfg.model_max_tasks)]
+                if name in cfg.checkpoints:
+                    tasks = spread(tasks, cfg.model_max_tasks)
                 texts = sim_template_texts(tasks)
                 with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
                     t0 = time.perf_counter()
@@ -228,7 +227,8 @@ def main() -> None:
                 sr = s["eval/success_rate"]
                 print(f"evaluate: {name} on {suite}/{cfg.split}: success {sr:.3f} over {len(trajs)} episodes "
                       f"in {wall:.1f}s")
-        offline = evaluate_offline(cfg)
+            if name in cfg.checkpoints and episodes:  # the same loaded model, scored step by step
+                offline[name] = evaluate_offline(name, factory(cfg.seed), episodes, cfg)
     write_json(OUT / "summary.json", summary)
     write_json(OUT / "offline.json", offline)
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
+from mobilerl.data.sft import framed_steps
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
 from mobilerl.env.base import Observation, TaskSpec
@@ -241,14 +242,14 @@ def from_trajectory(traj: Any) -> ACEpisode:
     """One of our trajectories (:class:`~mobilerl.data.schema.Trajectory`, e.g. an expert rollout) as offline
     step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal.
     Our records have no per-step instructions, so low mode would see the goal at every step."""
-    steps = [s for s in traj.steps if s.action is not None]
+    steps = list(framed_steps(traj))  # the valid steps, as the SFT data takes them
     size = traj.meta.get("screen_size") or (1080, 2400)
     return ACEpisode(
         episode_id=f"{traj.task_id}#{traj.trial}",
         goal=traj.instruction,
         step_instructions=[traj.instruction] * len(steps),
-        observations=[s.xml_compressed for s in steps],
-        actions=[GTStep(Action.from_dict(s.action)) for s in steps],
+        observations=[xml_c for _, xml_c, _ in steps],
+        actions=[GTStep(action) for _, _, action in steps],
         width=int(size[0]),
         height=int(size[1]),
     )
