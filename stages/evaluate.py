@@ -41,6 +41,8 @@ class CheckpointSpec(StageConfig):
     path: str = Field(description="Model directory, relative to the repo (or absolute).")
     reasoning: bool = Field(False, description="Prompt for <think> before the answer (reasoning checkpoints).")
     max_new_tokens: int | None = Field(None, ge=1, description="Response cap (default: the profile's).")
+    max_tasks: int | None = Field(None, ge=1, description="Cap on tasks per suite for this checkpoint "
+                                                          "(default: model_max_tasks).")
 
 
 class EvaluateConfig(StageConfig):
@@ -48,7 +50,7 @@ class EvaluateConfig(StageConfig):
     split: Literal["test", "train"] = Field("test", description="Which split of each suite.")
     policies: list[str] = Field(["oracle", "random"], description="Policy names (baselines or checkpoints).")
     checkpoints: dict[str, CheckpointSpec] = Field(
-        {}, description="Checkpoint policies: name -> model directory (or {path, reasoning, max_new_tokens}).")
+        {}, description="Checkpoint policies: name -> model directory (or {path, reasoning, max_new_tokens, max_tasks}).")
     profile: str = Field("tiny", description="Model profile of the checkpoints (backend, prompt format).")
     n_trials: int = Field(1, ge=1, description="Trials per task (pass@k needs n ≥ k).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature of model policies.")
@@ -174,6 +176,14 @@ def spread(tasks: list[TaskSpec], cap: int | None) -> list[TaskSpec]:
     return [tasks[i * len(tasks) // cap] for i in range(cap)]
 
 
+def policy_tasks(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig) -> list[TaskSpec]:
+    """The tasks ``name`` runs: all for a baseline; for a checkpoint at most its ``max_tasks`` (else
+    ``model_max_tasks``), spread over the templates."""
+    if name not in cfg.checkpoints:
+        return tasks
+    return spread(tasks, cfg.checkpoints[name].max_tasks or cfg.model_max_tasks)
+
+
 def evaluate_offline(name: str, policy: Any, episodes: list, cfg: EvaluateConfig) -> dict[str, Any]:
     """A checkpoint policy's offline step metrics on ``episodes``, logged to a nested MLflow run
     ``<name>/offline``."""
@@ -208,8 +218,7 @@ def main() -> None:
         for name in cfg.policies:
             factory, concurrency = make_policy_factory(name, cfg)
             for suite, tasks in tasks_by_suite.items():
-                if name in cfg.checkpoints:
-                    tasks = spread(tasks, cfg.model_max_tasks)
+                tasks = policy_tasks(name, tasks, cfg)
                 texts = sim_template_texts(tasks)
                 with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
                     t0 = time.perf_counter()

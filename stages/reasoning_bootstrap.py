@@ -44,7 +44,7 @@ class BootstrapConfig(StageConfig):
     sft_dataset: str = Field("data/sft/dataset", description="The reasoning-free dataset whose episodes, split "
                                                              "and prompt format are used.")
     teacher: dict[str, Any] = Field(default_factory=lambda: {"kind": "sim", "p_wrong": 0.3},
-                                    description="M: {kind: sim, p_wrong, restate_task} (simulator teacher) or a make_backend spec.")
+                                    description="M: {kind: sim, p_wrong, restate_task, style} (simulator teacher) or a make_backend spec.")
     teacher_prompt_style: Literal["full", "compact"] | None = Field(
         None, description="System prompt style shown to M (null: the dataset's).")
     k: int = Field(4, ge=1, description="Candidates per expert step.")
@@ -62,11 +62,12 @@ def make_teacher(spec: dict[str, Any]) -> Any:
     if spec.get("kind") == "sim":
         from mobilerl.sft.reasoning import SimTeacher
 
-        unknown = sorted(set(spec) - {"kind", "p_wrong", "restate_task"})
+        unknown = sorted(set(spec) - {"kind", "p_wrong", "restate_task", "style"})
         if unknown:
             raise ValueError(f"reasoning_bootstrap.teacher.{unknown[0]}: unknown key for kind 'sim' "
-                             f"(known: p_wrong, restate_task)")
-        return SimTeacher(p_wrong=float(spec.get("p_wrong", 0.3)), restate_task=float(spec.get("restate_task", 1.0)))
+                             f"(known: p_wrong, restate_task, style)")
+        return SimTeacher(p_wrong=float(spec.get("p_wrong", 0.3)), restate_task=float(spec.get("restate_task", 1.0)),
+                          style=str(spec.get("style", "prose")))
     from mobilerl.models.backends import make_backend
 
     return make_backend(spec)

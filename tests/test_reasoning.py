@@ -90,6 +90,32 @@ def test_terse_teacher_does_not_restate_the_task(steps):
         SimTeacher(restate_task=1.5)
 
 
+def test_target_style_names_a_unique_target_in_the_bases_question_words(steps):
+    import re
+
+    teacher = SimTeacher(p_wrong=0.0, style="target")
+    for st in steps:
+        teacher.register(st)
+    cands = asyncio.run(propose(teacher, steps, k=1, sampling=SamplingConfig(temperature=1.0, seed=1)))
+    by_kind: dict[str, list[str]] = {}
+    for st, [c] in zip(steps, cands, strict=True):
+        assert c.accepted
+        think = c.text.split("<think>")[1].split("</think>")[0]
+        by_kind.setdefault(st.action.name, []).append(think)
+        if st.action.name == "Tap":
+            m = re.search(r'tap "([^"]+)"(?: of "([^"]+)")?$', think)
+            assert m, think
+            labels = [ln.split(";")[2] for ln in st.xml_compressed.splitlines() if ln.count(";") >= 3]
+            # the name picks out one line: unique itself, or qualified by a unique neighbour
+            assert labels.count(m.group(1)) == 1 or (m.group(2) and labels.count(m.group(2)) == 1), think
+        if st.action.name == "Type":
+            assert think.endswith(f'type "{st.action.text}"')
+    assert any(t.endswith('tap "Create contact"') for t in by_kind["Tap"])
+    assert all(t.endswith("open Contacts") for t in by_kind["Launch"])
+    with pytest.raises(ValueError, match="style"):
+        SimTeacher(style="poetry")
+
+
 class _Scorer:
     """A policy stand-in whose score prefers longer explanations; proposes the expert action twice."""
 

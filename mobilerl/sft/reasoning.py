@@ -17,6 +17,10 @@ task — in varied phrasings, and with probability ``p_wrong`` it argues for a p
 instruct VLM does, but for the tiny model a restated 20-word instruction is mostly a copying exercise it
 fails at (11 % span copy) and then conditions on the wrong goal, so the embedded default keeps thoughts to
 the screen, the target and the reason (``restate_task: 0``).
+``style``: ``prose`` (the above) or ``target``, a thought that names *what* the step acts on in the words
+of the tiny base's pretraining questions (``tap "Stopwatch"``, ``tap "More options" of "Bird song"``,
+``type "…"``, ``open Clock``, ``done``): the answer then follows by the grounding the base already has
+(the embedded default's choice, docs/sft.md).
 The expert action for a prompt is registered with :meth:`SimTeacher.register` before asking.
 
 Histories. The prompt shows the policy's previous responses verbatim, ``<think>`` included (MobileRL §2),
@@ -235,11 +239,16 @@ class SimTeacher:
     """The embedded default's instruct model M (see the module docstring). Implements ``generate`` of the
     generation interface; ``score`` is not offered (M only proposes)."""
 
-    def __init__(self, p_wrong: float = 0.3, restate_task: float = 1.0):
+    STYLES = ("prose", "target")
+
+    def __init__(self, p_wrong: float = 0.3, restate_task: float = 1.0, style: str = "prose"):
         if not 0 <= restate_task <= 1:
             raise ValueError(f"restate_task must be in [0, 1], got {restate_task}")
+        if style not in self.STYLES:
+            raise ValueError(f"style must be one of {self.STYLES}, got {style!r}")
         self.p_wrong = p_wrong
         self.restate_task = restate_task
+        self.style = style
         self._known: dict[str, _Known] = {}
 
     @staticmethod
@@ -292,8 +301,49 @@ class SimTeacher:
             options.append(Action(A.FINISH, message=None))
         return rng.choice(options)
 
+    def _name(self, known: _Known, box: tuple[int, int, int, int] | None) -> str:
+        """A name that picks out the element at ``box`` on this screen: its label when no other line
+        carries it, else the label qualified by a uniquely labelled line just above it (the one the task
+        mentions if any: ``"More options" of "Bird song"``)."""
+        label = self._label(known, box)
+        count: dict[str, int] = {}
+        for _c, _f, lab, _b in known.lines:
+            if lab:
+                count[lab.split(" | ")[0]] = count.get(lab.split(" | ")[0], 0) + 1
+        if count.get(label, 0) <= 1 or box is None:
+            return _quoted(label)
+        at = next((i for i, (_c, _f, _l, b) in enumerate(known.lines) if b == box), len(known.lines))
+        near = [lab for _c, _f, lab, _b in reversed(known.lines[max(0, at - 4):at])
+                if lab and count.get(lab.split(" | ")[0]) == 1]
+        near = [lab.split(" | ")[0] for lab in near]
+        if not near:
+            return _quoted(label)
+        # the row's own name: the one the task mentions, else the nearest
+        named = [lab for lab in near if lab.lower() in known.instruction.lower()]
+        return f"{_quoted(label)} of {_quoted((named or near)[0])}"
+
+    def _target(self, known: _Known, action: Action, rng: random.Random) -> str:
+        """Style ``target``: the step's decision in the words of the base's pretraining questions
+        (``tap "Stopwatch"``, ``type "…"``): the thought names *what* to act on, the answer grounds it."""
+        n = action.name
+        if n in (A.TAP, A.LONG_PRESS):
+            core = f"{'tap' if n == A.TAP else 'long-press'} {self._name(known, action.element)}"
+        elif n == A.TYPE:
+            core = f"type {_quoted(action.text or '')}"
+        elif n == A.SWIPE:
+            core = f"swipe {action.direction}"
+        elif n == A.LAUNCH:
+            core = f"open {action.app}"
+        elif n == A.FINISH:
+            core = f"answer {_quoted(action.message)}" if action.message else "done"
+        else:
+            core = n.lower()
+        return rng.choice(["", "next: ", "now "]) + core
+
     def _explain(self, known: _Known, rng: random.Random) -> tuple[Action, str]:
         action = known.action if rng.random() >= self.p_wrong else self._wrong(known, rng)
+        if self.style == "target":
+            return action, self._target(known, action, rng)
         task = known.instruction.rstrip(".")
         where = rng.choice([f"The {known.app} app is open." if known.app and known.app != "Home"
                             else "I am on the home screen.",
@@ -329,6 +379,10 @@ class SimTeacher:
             why = (f"The answer is on screen: {action.message}." if action.message
                    else rng.choice(["Everything the task asked for is done.", "The task is complete."]))
         return action, " ".join(p for p in (where, goal, why) if p)
+
+
+def _quoted(s: str) -> str:
+    return '"' + s.replace('"', "'") + '"'
 
 
 def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
