@@ -126,6 +126,31 @@ def test_sharegpt_dataset(stores, tmp_path):
     assert not tasks(train) & tasks(val)
 
 
+def test_the_dataset_does_not_depend_on_the_order_episodes_were_stored(stores, tmp_path):
+    import shutil
+
+    from mobilerl.data.store import StoreWriter, iter_store
+
+    trajs = list(iter_store(stores / "collected", order="file"))
+    assert len(trajs) >= 3
+    src = stores / "collected"
+    backwards = tmp_path / "backwards"
+    shutil.copytree(src, backwards)  # the screenshots the records point at
+    with StoreWriter(backwards, batch=2) as w:  # concurrent collection finishes episodes in any order
+        for t in reversed(trajs):
+            w.write(t)
+    assert [t.task_id for t in iter_store(backwards, order="file")] == [t.task_id for t in reversed(trajs)]
+    ids = [t.task_id for t in iter_store(backwards)]
+    assert ids == sorted(ids) == [t.task_id for t in iter_store(src)]
+    a = build_sft([SftSource("collected", src)], tmp_path / "a", val_fraction=0.3, seed=1)
+    b = build_sft([SftSource("collected", backwards)], tmp_path / "b", val_fraction=0.3, seed=1)
+    assert a == b
+    for f in ("train.json", "val.json"):
+        assert (tmp_path / "a" / f).read_text() == (tmp_path / "b" / f).read_text()
+    with pytest.raises(ValueError, match="order"):
+        next(iter_store(src, order="random"))
+
+
 def test_dedupe_and_mixing_weights(stores, tmp_path):
     one = build_sft([SftSource("collected", stores / "collected")], tmp_path / "a", val_fraction=0.0)
     twice = build_sft([SftSource("collected", stores / "collected"), SftSource("again", stores / "collected")],

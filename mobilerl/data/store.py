@@ -206,16 +206,29 @@ def write_store(root: str | os.PathLike, trajectories: Iterable[Trajectory], **m
     return w.count
 
 
-def iter_store(root: str | os.PathLike) -> Iterator[Trajectory]:
-    """Episodes of a store (or of a ``.parquet`` file) in file order."""
+def iter_store(root: str | os.PathLike, order: str = "task") -> Iterator[Trajectory]:
+    """Episodes of a store (or of a ``.parquet`` file).
+
+    ``order="task"`` (default): sorted by (task id, trial, episode id), so that everything built from a
+    store (SFT data, reasoning corpora, audits) is the same however the collection's concurrent episodes
+    happened to finish; it reads the whole table at once. ``order="file"``: file order, streamed one row
+    group at a time (for stores too big to hold)."""
+    if order not in ("task", "file"):
+        raise ValueError(f"order must be 'task' or 'file', got {order!r}")
     path = Path(root)
     path = path if path.suffix == ".parquet" else path / TABLE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: not a trajectory store")
     pf = pq.ParquetFile(path)
-    for i in range(pf.num_row_groups):
-        for row in pf.read_row_group(i).to_pylist():
-            yield from_row(row)
+    if order == "file":
+        for i in range(pf.num_row_groups):
+            for row in pf.read_row_group(i).to_pylist():
+                yield from_row(row)
+        return
+    table = pf.read()
+    keys = table.select(["task_id", "trial", "episode_id"]).to_pylist()
+    for i in sorted(range(len(keys)), key=lambda j: (keys[j]["task_id"], keys[j]["trial"], keys[j]["episode_id"])):
+        yield from_row(table.slice(i, 1).to_pylist()[0])
 
 
 def read_store(root: str | os.PathLike) -> list[Trajectory]:
