@@ -78,6 +78,29 @@ def test_tokenizer_round_trips_actions_and_numbers(tokenizer, states):
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_split_spaces_make_a_word_one_id_wherever_it_stands(states):
+    """spaces='split': the instruction's word, the question's quoted cue and the Type action's first word
+    are the same token ids (with 'prefix' they are not: " titled" vs "t"+"itle"+"d"), and text still
+    round-trips exactly."""
+    texts = list(corpus_texts(states))
+    split = train_tokenizer(texts, vocab_size=2048, spaces="split")
+    prefix = train_tokenizer(texts, vocab_size=2048)
+
+    def ids(tok, s):
+        return tok(s, add_special_tokens=False)["input_ids"]
+
+    instruction = "Delete the recording Bedtime story"  # a frequent word of these templates' instructions
+    for tok, same in ((split, True), (prefix, False)):
+        word = ids(tok, "recording")
+        assert (ids(tok, " recording")[-len(word):] == word) is same  # in the instruction
+        assert (ids(tok, 'type after "recording"')[-len(word) - 1:-1] == word)  # a quoted cue: always bare
+        action = format_action(Action("Type", text="recording"))
+        assert (ids(tok, action)[-len(word) - 1:-1] == word)  # the Type action's first word: always bare
+        assert tok.decode(ids(tok, action)) == action and tok.decode(ids(tok, instruction)) == instruction
+    with pytest.raises(ValueError, match="spaces"):
+        train_tokenizer(texts[:50], vocab_size=2048, spaces="none")
+
+
 @pytest.mark.parametrize("grounding", ["bbox", "index"])
 def test_sequences_are_well_formed_and_dense(states, processor, grounding):
     cfg = DataConfig(grounding=grounding, image_prob=1.0, lm_weight=0.1, max_len=1024)

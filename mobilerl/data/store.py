@@ -225,10 +225,10 @@ def iter_store(root: str | os.PathLike, order: str = "task") -> Iterator[Traject
             for row in pf.read_row_group(i).to_pylist():
                 yield from_row(row)
         return
-    table = pf.read()
-    keys = table.select(["task_id", "trial", "episode_id"]).to_pylist()
-    for i in sorted(range(len(keys)), key=lambda j: (keys[j]["task_id"], keys[j]["trial"], keys[j]["episode_id"])):
-        yield from_row(table.slice(i, 1).to_pylist()[0])
+    table = pf.read().sort_by([("task_id", "ascending"), ("trial", "ascending"), ("episode_id", "ascending")])
+    for batch in table.to_batches(max_chunksize=256):
+        for row in batch.to_pylist():
+            yield from_row(row)
 
 
 def read_store(root: str | os.PathLike) -> list[Trajectory]:

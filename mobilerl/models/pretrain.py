@@ -63,6 +63,7 @@ class Profile:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     vocab_size: int = 4096
+    spaces: str = "prefix"  # tokenizer: words keep their leading space ("prefix") or a space is its own token
     n_train_per_template: int | None = None  # train tasks per template for screens (None: all)
     explore: float = 0.5
     render: float = 0.1  # fraction of train states that keep a screenshot
@@ -71,7 +72,7 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
-        known = {"model", "data", "train", "vocab_size", "n_train_per_template", "explore", "render",
+        known = {"model", "data", "train", "vocab_size", "spaces", "n_train_per_template", "explore", "render",
                  "probe_per_template", "init"}
         unknown = set(d) - known
         if unknown:
@@ -230,7 +231,7 @@ def make_tokenizer(profile: Profile, train_states: Sequence[ScreenState]):
     sample = list(train_states)
     if len(sample) > TOKENIZER_STATES:
         sample = rng.sample(sample, TOKENIZER_STATES)
-    return train_tokenizer(corpus_texts(sample, rng), profile.vocab_size)
+    return train_tokenizer(corpus_texts(sample, rng), profile.vocab_size, spaces=profile.spaces)
 
 
 def pretrain(
@@ -411,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             save_states(train, Path(args.states) / "train.jsonl.gz")
             save_states(test, Path(args.states) / "test.jsonl.gz")
     tok = None
-    tok_path = Path(args.states) / f"tokenizer_{profile.vocab_size}.json" if args.states else None
+    tok_name = f"tokenizer_{profile.vocab_size}" + ("" if profile.spaces == "prefix" else f"_{profile.spaces}")
+    tok_path = Path(args.states) / f"{tok_name}.json" if args.states else None
     if tok_path is not None and tok_path.exists():
         from tokenizers import Tokenizer
 

@@ -340,7 +340,9 @@ class QA:
     answer: str
 
 
-def _quote(s: str) -> str:
+def quote_label(s: str) -> str:
+    """A label as the pretraining questions quote it (``tap "Alice Smith"``); the reasoning stage's
+    thoughts quote targets the same way (:class:`mobilerl.sft.reasoning.SimTeacher`, style ``target``)."""
     return '"' + s.replace('"', "'") + '"'
 
 
@@ -430,7 +432,7 @@ def copy_qas(instruction: str, spans: Sequence[str]) -> list[QA]:
         for k in (1, 2, 3):
             cue = " ".join(words[-k:]).strip("'\"")
             if cue and '"' not in cue and instruction.count(cue) == 1:
-                out.append(QA("copy", f"type after {_quote(cue)}", format_action(Action(A.TYPE, text=span))))
+                out.append(QA("copy", f"type after {quote_label(cue)}", format_action(Action(A.TYPE, text=span))))
                 break
     return out
 
@@ -455,21 +457,21 @@ def make_qas(
     names = _unique_names(nodes)
     pools: dict[str, list[QA]] = {k: [] for k in ALL_KINDS}
     for name, i in names.items():
-        pools["ground"].append(QA("ground", f"tap {_quote(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
+        pools["ground"].append(QA("ground", f"tap {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
         nxt = next((j for j in range(i + 1, len(nodes)) if nodes[j].label), None)
         if nxt is not None and len(nodes[nxt].label) <= MAX_READ_CHARS and name == nodes[i].label:
-            pools["read"].append(QA("read", f"read {_quote(name)}", nodes[nxt].label))
+            pools["read"].append(QA("read", f"read {quote_label(name)}", nodes[nxt].label))
     for i, nd in enumerate(nodes):
         if "checkable" in nd.flags:
             name = _checkable_name(nodes, i)
             if name in names:
                 yes = "yes" if "checked" in nd.flags else "no"
-                pools["checked"].append(QA("checked", f"checked {_quote(name)}?", yes))
+                pools["checked"].append(QA("checked", f"checked {quote_label(name)}?", yes))
     if full:
         pools["app"].append(QA("app", "app?", state.app))
         on_names = set(names)
         for name, i in names.items():
-            pools["find"].append(QA("find", f"find {_quote(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
+            pools["find"].append(QA("find", f"find {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
         off_count: dict[str, int] = {}
         for nd in state.offscreen:
             off_count[nd.label] = off_count.get(nd.label, 0) + 1
@@ -480,7 +482,7 @@ def make_qas(
             below = nd.bounds[1] >= h // 2
             direction = "up" if below else "down"  # swipe up scrolls the content down
             act = format_action(Action(A.SWIPE, direction=direction, dist="medium"))
-            pools["find"].append(QA("find", f"find {_quote(lab)}", act))
+            pools["find"].append(QA("find", f"find {quote_label(lab)}", act))
         if state.action and state.action.startswith('do(action="Type"'):
             text = A.parse_action(state.action).text or ""
             if text and text in state.instruction:

@@ -9,7 +9,8 @@ Pre-tokenization is where most of the learnability comes from (see ``docs/tiny_b
   coordinate on the 0-999 grid (or a line index) is exactly **one token**, the same token on the screen
   and in the answer — copying a box is copying 4 tokens;
 - a line's ``Class;flags;`` prefix is one pre-token (the frequent ones become one token);
-- words keep their leading space (``" story"``), so most labels are 1-3 tokens;
+- words keep their leading space (``" story"``, ``spaces="prefix"``), so most labels are 1-3 tokens; or a
+  space is a token of its own (``spaces="split"``), so a word is one id wherever it stands;
 - the action syntax pieces (``do(action="``, ``", element=[``, ``", text="`` …) are pre-tokens, so an
   action costs few tokens.
 
@@ -45,22 +46,39 @@ CHAT_TEMPLATE = (
 )
 
 # One alternation, applied before the byte-level mapping (behaviour "isolated": matches become
-# pre-tokens, the text between them too).
-PRETOKENIZE = "|".join(
-    (
-        r" ?[A-Z][A-Za-z]*;[a-z -]*;",  # a compressed-XML line prefix: Class;flags;
-        r'do\(action="',
-        r'finish\(message="',
-        r"finish\(\)",
-        r'", (?:element=\[|index=|text="|app="|direction="|dist="|message=")',
-        r'"\)',
-        r"\]\)",
-        r"\d{1,3}",
-        r" ?[A-Za-z]+",
-        r" ?[^\sA-Za-z\d]+",
-        r"\s+",
-    )
+# pre-tokens, the text between them too). ``{sp}`` is " ?" when words keep their leading space
+# (spaces="prefix": " story" is one token) and "" when a space is a token of its own (spaces="split").
+_PRETOKENIZE = (
+    r"{sp}[A-Z][A-Za-z]*;[a-z -]*;",  # a compressed-XML line prefix: Class;flags;
+    r'do\(action="',
+    r'finish\(message="',
+    r"finish\(\)",
+    r'", (?:element=\[|index=|text="|app="|direction="|dist="|message=")',
+    r'"\)',
+    r"\]\)",
+    r"\d{{1,3}}",
+    r"{sp}[A-Za-z]+",
+    r"{sp}[^\sA-Za-z\d]+",
+    r"\s+",
 )
+SPACES = ("prefix", "split")
+
+
+def pretokenize_pattern(spaces: str = "prefix") -> str:
+    """The pre-tokenizer's regex.
+
+    ``spaces="split"`` makes a word the same token wherever it stands: ``alarm`` in an instruction
+    ("Set an alarm"), in a question (``type after "an"``) and in an action (``text="alarm"``), where
+    with ``"prefix"`` the first is `` alarm`` and the others ``alarm`` — two unrelated ids the model must
+    learn to equate before it can copy a span (docs/tiny_base.md measures both).
+    """
+    if spaces not in SPACES:
+        raise ValueError(f"spaces must be one of {SPACES}, got {spaces!r}")
+    sp = " ?" if spaces == "prefix" else ""
+    return "|".join(x.format(sp=sp) for x in _PRETOKENIZE)
+
+
+PRETOKENIZE = pretokenize_pattern("prefix")
 
 
 def _number_merges() -> tuple[list[str], list[tuple[str, str]]]:
@@ -78,7 +96,7 @@ def _number_merges() -> tuple[list[str], list[tuple[str, str]]]:
     return two + three, merges
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2, spaces: str = "prefix"):
     """Train the byte-level BPE and wrap it in a ``PreTrainedTokenizerFast`` with the chat template.
 
     BPE is learned on the text with digits blanked out; then every 1-3 digit string is added as one
@@ -94,7 +112,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency:
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated"),
+            pre_tokenizers.Split(Regex(pretokenize_pattern(spaces)), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,6 +52,7 @@ from mobilerl.data.sft import framed_steps
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
+from mobilerl.models.pretrain_data import quote_label
 
 _LINE = re.compile(r"^(?:\[\d+\] )?([^;]*);([^;]*);(.*);\[(\d+),(\d+)\]\[(\d+),(\d+)\]$")
 
@@ -306,21 +308,18 @@ class SimTeacher:
         carries it, else the label qualified by a uniquely labelled line just above it (the one the task
         mentions if any: ``"More options" of "Bird song"``)."""
         label = self._label(known, box)
-        count: dict[str, int] = {}
-        for _c, _f, lab, _b in known.lines:
-            if lab:
-                count[lab.split(" | ")[0]] = count.get(lab.split(" | ")[0], 0) + 1
+        count = Counter(lab.split(" | ")[0] for _c, _f, lab, _b in known.lines if lab)
         if count.get(label, 0) <= 1 or box is None:
-            return _quoted(label)
+            return quote_label(label)
         at = next((i for i, (_c, _f, _l, b) in enumerate(known.lines) if b == box), len(known.lines))
         near = [lab for _c, _f, lab, _b in reversed(known.lines[max(0, at - 4):at])
-                if lab and count.get(lab.split(" | ")[0]) == 1]
+                if lab and count[lab.split(" | ")[0]] == 1]
         near = [lab.split(" | ")[0] for lab in near]
         if not near:
-            return _quoted(label)
+            return quote_label(label)
         # the row's own name: the one the task mentions, else the nearest
         named = [lab for lab in near if lab.lower() in known.instruction.lower()]
-        return f"{_quoted(label)} of {_quoted((named or near)[0])}"
+        return f"{quote_label(label)} of {quote_label((named or near)[0])}"
 
     def _target(self, known: _Known, action: Action, rng: random.Random) -> str:
         """Style ``target``: the step's decision in the words of the base's pretraining questions
@@ -329,13 +328,13 @@ class SimTeacher:
         if n in (A.TAP, A.LONG_PRESS):
             core = f"{'tap' if n == A.TAP else 'long-press'} {self._name(known, action.element)}"
         elif n == A.TYPE:
-            core = f"type {_quoted(action.text or '')}"
+            core = f"type {quote_label(action.text or '')}"
         elif n == A.SWIPE:
             core = f"swipe {action.direction}"
         elif n == A.LAUNCH:
             core = f"open {action.app}"
         elif n == A.FINISH:
-            core = f"answer {_quoted(action.message)}" if action.message else "done"
+            core = f"answer {quote_label(action.message)}" if action.message else "done"
         else:
             core = n.lower()
         return rng.choice(["", "next: ", "now "]) + core
@@ -379,10 +378,6 @@ class SimTeacher:
             why = (f"The answer is on screen: {action.message}." if action.message
                    else rng.choice(["Everything the task asked for is done.", "The task is complete."]))
         return action, " ".join(p for p in (where, goal, why) if p)
-
-
-def _quoted(s: str) -> str:
-    return '"' + s.replace('"', "'") + '"'
 
 
 def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
