@@ -49,6 +49,9 @@ class SftDataConfig(StageConfig):
     max_history: int | None = Field(None, ge=0, description="Previous actions shown (null: all).")
     image_max_side: int | None = Field(None, ge=28, description="Downscale images (null: as stored).")
     name: str = Field("mobilerl_sft", description="Dataset name prefix in dataset_info.json.")
+    action_weights: dict[str, float] = Field(
+        default_factory=dict, description="Train resampling weight by action name (e.g. {Finish: 3.0}: the "
+                                          "rare decision to stop seen 3x as often); unnamed actions weigh 1.")
     seed: int = Field(0, description="Split and resampling seed.")
     require_audit: bool = Field(True, description="Refuse data whose privacy audit did not pass.")
 
@@ -67,7 +70,7 @@ def run(cfg: SftDataConfig) -> dict:
     return build_sft(sources, OUT / "dataset", mode=cfg.mode, style=cfg.prompt_style, coords=cfg.coords,
                      reasoning=cfg.reasoning,
                      val_fraction=cfg.val_fraction, seed=cfg.seed, max_history=cfg.max_history,
-                     image_max_side=cfg.image_max_side, name=cfg.name)
+                     image_max_side=cfg.image_max_side, name=cfg.name, action_weights=cfg.action_weights)
 
 
 def main() -> None:

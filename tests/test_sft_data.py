@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,22 @@ def test_dedupe_and_mixing_weights(stores, tmp_path):
     xml_only = build_sft([SftSource("collected", stores / "collected")], tmp_path / "e", val_fraction=0.0, mode="xml")
     rec = json.loads((tmp_path / "e" / "train.json").read_text())[0]
     assert rec["images"] == [] and "<image>" not in rec["messages"][1]["content"] and xml_only["images"] == 0
+
+
+def test_action_weights_resample_by_the_answers_action_type(stores, tmp_path):
+    def answers(d):
+        return Counter(r["messages"][-1]["content"].split("(")[0] for r in json.loads((d / "train.json").read_text()))
+
+    src = [SftSource("collected", stores / "collected")]
+    base = build_sft(src, tmp_path / "a", val_fraction=0.0)
+    more = build_sft(src, tmp_path / "b", val_fraction=0.0, action_weights={"Finish": 3.0, "Wait": 0.0})
+    a, b = answers(tmp_path / "a"), answers(tmp_path / "b")
+    n_finish, n_wait = base["sources"]["collected"]["action/Finish"], base["sources"]["collected"].get("action/Wait", 0)
+    assert n_finish > 0 and b["<answer>finish"] == 3 * a["<answer>finish"] == 3 * n_finish
+    assert more["train"] == base["train"] + 2 * n_finish - n_wait
+    assert more["action_weights"] == {"Finish": 3.0, "Wait": 0.0}
+    with pytest.raises(ValueError, match="unknown action name"):
+        build_sft(src, tmp_path / "c", action_weights={"finish": 2.0})
 
 
 def test_prompt_style_and_format_are_recorded(stores, tmp_path):

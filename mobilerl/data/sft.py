@@ -13,7 +13,8 @@ successful). Then:
 - dedupe: identical (prompt, image content, response) samples are kept once;
 - split: by task id (all steps of a task on the same side), ``val_fraction`` of the tasks to validation;
 - mixing: each source's train samples are resampled by its ``weight`` (2.0: every sample twice; 0.5:
-  a seeded half), validation is not resampled.
+  a seeded half) times the weight of the sample's action type (``action_weights``, e.g. ``{"Finish": 3}``:
+  a rare decision seen more often); validation is not resampled.
 
 Output directory::
 
@@ -43,6 +44,7 @@ from PIL import Image
 from mobilerl.agent import prompt as PR
 from mobilerl.data.schema import StepRecord, Trajectory
 from mobilerl.data.store import iter_store
+from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action
 
 VARIANTS = ("high", "low", "both")
@@ -231,10 +233,18 @@ def build_sft(
     max_history: int | None = None,
     image_max_side: int | None = None,
     name: str = "mobilerl_sft",
+    action_weights: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Build the dataset (see the module docstring); returns the stats also written to ``stats.json``.
     ``mode`` and ``style`` are the prompt's observation mode and system-prompt style
-    (:func:`mobilerl.agent.prompt.build_messages`)."""
+    (:func:`mobilerl.agent.prompt.build_messages`); ``action_weights``: resampling weight by action name
+    (:data:`mobilerl.env.actions.ACTION_NAMES`; unnamed ones weigh 1)."""
+    action_weights = dict(action_weights or {})
+    bad = sorted(set(action_weights) - set(A.ACTION_NAMES))
+    if bad:
+        raise ValueError(f"action_weights: unknown action name(s) {bad}; known: {list(A.ACTION_NAMES)}")
+    if any(w < 0 for w in action_weights.values()):
+        raise ValueError(f"action_weights must be >= 0, got {action_weights}")
     if style not in PR.PROMPT_STYLES:
         raise ValueError(f"prompt style must be one of {PR.PROMPT_STYLES}, got {style!r}")
     if not 0.0 <= val_fraction < 1.0:
@@ -249,7 +259,7 @@ def build_sft(
     for src in sources:
         root = Path(src.path)
         st: Counter = Counter()
-        train_src: list[dict[str, Any]] = []
+        train_src: list[tuple[dict[str, Any], str]] = []
         for traj in iter_store(root):
             st["episodes"] += 1
             ok = traj.success or (not traj.has_verifier and traj.error is None)
@@ -276,11 +286,14 @@ def build_sft(
                 rec = PR.sharegpt_record(smp.messages, smp.response, images)
                 st[f"{split}_{smp.variant}"] += 1
                 st[f"action/{smp.action_name}"] += 1
-                (train_src if split == "train" else splits["val"]).append(rec)
-        # mixing weight: resample this source's train samples
-        w = src.weight
+                if split == "train":
+                    train_src.append((rec, smp.action_name))
+                else:
+                    splits["val"].append(rec)
+        # mixing weight: resample this source's train samples (x the action type's weight)
         mixed: list[dict[str, Any]] = []
-        for rec in train_src:
+        for rec, action_name in train_src:
+            w = src.weight * action_weights.get(action_name, 1.0)
             k = int(w) + (1 if rng.random() < w - int(w) else 0)
             mixed.extend([rec] * k)
         st["train_after_weight"] = len(mixed)
@@ -292,6 +305,7 @@ def build_sft(
     (out / "dataset_info.json").write_text(json.dumps(dataset_info(name), indent=1) + "\n")
     stats.update({"train": len(splits["train"]), "val": len(splits["val"]), "images": len(copied),
                   "mode": mode, "prompt_style": style, "coords": coords, "reasoning": reasoning, "max_history": max_history,
-                  "val_fraction": val_fraction, "seed": seed, "name": name})
+                  "val_fraction": val_fraction, "seed": seed, "name": name,
+                  "action_weights": action_weights})
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
     return stats
