@@ -223,6 +223,38 @@ def test_random_spans_are_well_posed_copy_questions():
     assert qas and all(q.answer.startswith('do(action="Type", text="') for q in qas)
 
 
+def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(states):
+    """data.novel_spans: the span the expert types becomes random words in the instruction, on the screen,
+    in the history and in the expert's action, so only copying answers the copy/type questions."""
+    import random
+
+    from mobilerl.models.pretrain_data import (
+        copy_qas,
+        instruction_spans,
+        typed_texts,
+        with_novel_spans,
+        word_pool,
+    )
+
+    typed = typed_texts(states)
+    words = word_pool(states)
+    st = next(s for s in states if s.action and s.action.startswith('do(action="Type"')
+              and parse_action(s.action).text in s.instruction)
+    spans = instruction_spans(st.instruction, typed[st.task_id])
+    new, new_spans = with_novel_spans(st, spans, random.Random(0), words)
+    old_text = parse_action(st.action).text
+    new_text = parse_action(new.action).text
+    assert new_text != old_text and new_text in new.instruction and old_text not in new.instruction
+    assert new_text in new_spans and len(new_text.split()) == len(old_text.split())
+    assert [t for t in old_text.split() if not t.isalpha()] == [t for t in new_text.split() if not t.isalpha()]
+    assert all(w.lower() in {x.lower() for x in words} for w in new_text.split() if w.isalpha())
+    assert not any(old_text in n.label for n in new.nodes + new.offscreen)
+    assert all(old_text not in h for h in new.history)
+    qas = copy_qas(new.instruction, new_spans)
+    assert any(q.answer == format_action(Action("Type", text=new_text)) for q in qas)
+    assert with_novel_spans(st, [], random.Random(0), words)[0] is st
+
+
 def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
     from mobilerl.models.pretrain import TrainConfig, lr_at
 

@@ -46,7 +46,7 @@ import json
 import random
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -533,6 +533,7 @@ class DataConfig:
     prompt: Literal["compact", "policy"] = "compact"  # policy: the first turn is mobilerl.agent.prompt's
     system_prob: float = 0.0  # policy prompt: share of sequences that start with its system prompt
     random_spans: int = 0  # extra random instruction spans per screen offered as copy questions
+    novel_spans: float = 0.0  # share of sequences whose instruction spans are replaced by random words
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -682,6 +683,65 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
     return Encoded(ids, weights, spans, pixel_values, grid)
 
 
+def word_pool(states: Iterable[ScreenState], limit: int = 20000) -> list[str]:
+    """Alphabetic words (2+ letters) of the states' instructions and screen labels: the vocabulary
+    :func:`with_novel_spans` draws replacement words from (words the tokenizer has seen)."""
+    words: set[str] = set()
+    for st in states:
+        words.update(_WORD.findall(st.instruction))
+        for n in st.nodes:
+            words.update(_WORD.findall(n.label))
+        if len(words) >= limit:
+            break
+    return sorted(words)
+
+
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def with_novel_spans(state: ScreenState, spans: Sequence[str], rng: random.Random,
+                     words: Sequence[str]) -> tuple[ScreenState, list[str]]:
+    """The state with each span (a text the agent types, a quoted name) replaced by random words,
+    everywhere it occurs: instruction, screen lines, history and the expert's action.
+
+    The train split has a few thousand distinct spans, each seen on many screens, so a small model
+    can answer ``type after "label"`` by recalling the span that goes with this instruction instead of
+    copying it; a fresh span every time leaves copying as the only way (docs/tiny_base.md). Alphabetic
+    words are replaced (capitalisation kept), digits and punctuation stay, so the span keeps its shape.
+    """
+    if not spans or not words:
+        return state, list(spans)
+
+    def fresh(span: str) -> str:
+        out = []
+        for tok in span.split(" "):
+            if tok.isalpha():
+                w = rng.choice(words)
+                w = w.capitalize() if tok[0].isupper() else w.lower()
+                out.append(w)
+            else:
+                out.append(tok)
+        return " ".join(out)
+
+    mapping = {sp: fresh(sp) for sp in sorted(set(spans), key=len, reverse=True) if sp}
+
+    def sub(text: str | None) -> str | None:
+        if not text:
+            return text
+        for old, new in mapping.items():
+            text = text.replace(old, new)
+        return text
+
+    def nodes(ns: tuple[UINode, ...]) -> tuple[UINode, ...]:
+        return tuple(UINode(n.cls, n.flags, sub(n.label) or "", n.bounds) if any(o in n.label for o in mapping)
+                     else n for n in ns)
+
+    new_state = replace(state, instruction=sub(state.instruction) or "", nodes=nodes(state.nodes),
+                        offscreen=nodes(state.offscreen), action=sub(state.action),
+                        history=tuple(sub(h) or "" for h in state.history))
+    return new_state, [mapping.get(sp, sp) for sp in spans]
+
+
 def stream_examples(
     states: Sequence[ScreenState], cfg: DataConfig, seed: int = 0, progress: Any = None
 ) -> Iterator[Example]:
@@ -692,6 +752,7 @@ def stream_examples(
     """
     rng = random.Random(seed)
     typed = typed_texts(states)
+    words = word_pool(states) if cfg.novel_spans > 0 else []
     type_states = [
         s for s in states
         if s.action and s.action.startswith('do(action="Type"')
@@ -705,6 +766,8 @@ def stream_examples(
         if not st.nodes:
             continue
         spans = instruction_spans(st.instruction, typed.get(st.task_id, ()))
+        if spans and cfg.novel_spans > 0 and rng.random() < cfg.novel_spans:
+            st, spans = with_novel_spans(st, spans, rng, words)
         if cfg.random_spans:
             spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans) if x not in spans]
         ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
