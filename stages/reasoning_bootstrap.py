@@ -90,7 +90,8 @@ def format_stats(sft_stats: dict[str, Any]) -> dict[str, Any]:
     return {"mode": fmt.mode, "prompt_style": fmt.style, "max_history": fmt.max_history,
             "coords": sft_stats.get("coords", "abs"),
             "val_fraction": sft_stats.get("val_fraction", 0.05), "seed": sft_stats.get("seed", 0),
-            "sources": {n: {} for n in sft_stats.get("sources", {})}, "reasoning": True}
+            "sources": {n: {} for n in sft_stats.get("sources", {})}, "reasoning": True,
+            "action_weights": sft_stats.get("action_weights") or {}}
 
 
 def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> dict[str, Any]:
@@ -134,7 +135,8 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
     propose_s = time.perf_counter() - t0
     chosen, stats = bootstrap_select(steps, cands, seed=cfg.seed)
 
-    records = {split: reasoning_records(episodes[split], chosen, fmt) for split in ("train", "val")}
+    records = {"train": reasoning_records(episodes["train"], chosen, fmt, carried["action_weights"], cfg.seed),
+               "val": reasoning_records(episodes["val"], chosen, fmt)}
     data_stats = write_sharegpt(out, cfg.name, records, {**carried, "stage": "reasoning_bootstrap"})
     (out / "explanations.json").write_text(json.dumps(chosen, indent=0, sort_keys=True, ensure_ascii=False) + "\n")
     with (out / "proposals.jsonl").open("w") as f:

@@ -101,7 +101,8 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
     stats0 = read_json(boot_dir / "stats.json")
     fmt = PromptFormat.of_dataset(stats0)
     carried = {k: stats0.get(k) for k in ("mode", "prompt_style", "max_history", "coords", "val_fraction", "seed",
-                                          "sources", "reasoning")}
+                                          "sources", "reasoning", "action_weights")}
+    weights = carried["action_weights"] or {}
     episodes = episodes_by_split(source_stores(stats0, stores), stats0["val_fraction"], stats0["seed"],
                                  stats0.get("coords", "abs"))
     explanations: dict[str, str] = read_json(boot_dir / "explanations.json")
@@ -116,7 +117,8 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
         for t in range(1, cfg.rounds + 1):
             # 1. π_t: fine-tune on D_{t-1}
             data_dir = work / f"data_{t}"
-            write_sharegpt(data_dir, cfg.name, {"train": reasoning_records(episodes["train"], explanations, fmt)},
+            write_sharegpt(data_dir, cfg.name,
+                           {"train": reasoning_records(episodes["train"], explanations, fmt, weights, cfg.seed)},
                            {**carried, "stage": "reasoning_refine", "round": t})
             ckpt = work / f"round_{t}"
             base = previous if cfg.continue_training else init
@@ -167,7 +169,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
                 shutil.rmtree(previous, ignore_errors=True)
             previous = ckpt
         # D_T and π_T
-        records = {"train": reasoning_records(episodes["train"], explanations, fmt),
+        records = {"train": reasoning_records(episodes["train"], explanations, fmt, weights, cfg.seed),
                    "val": reasoning_records(episodes["val"], explanations, fmt)}
         data_stats = write_sharegpt(out, cfg.name, records, {**carried, "stage": "reasoning_refine",
                                                              "rounds": cfg.rounds})

@@ -220,6 +220,23 @@ def write_sharegpt(out_dir: str | Path, name: str, splits: dict[str, list[dict[s
     return stats
 
 
+def check_action_weights(action_weights: dict[str, float] | None) -> dict[str, float]:
+    """``action_weights`` validated: known action names (:data:`mobilerl.env.actions.ACTION_NAMES`), >= 0."""
+    action_weights = dict(action_weights or {})
+    bad = sorted(set(action_weights) - set(A.ACTION_NAMES))
+    if bad:
+        raise ValueError(f"action_weights: unknown action name(s) {bad}; known: {list(A.ACTION_NAMES)}")
+    if any(w < 0 for w in action_weights.values()):
+        raise ValueError(f"action_weights must be >= 0, got {action_weights}")
+    return action_weights
+
+
+def copies(weight: float, rng: random.Random) -> int:
+    """How many times a sample of resampling weight ``weight`` is kept: the integer part, plus one with
+    probability equal to the fractional part (one draw of ``rng`` whatever the weight)."""
+    return int(weight) + (1 if rng.random() < weight - int(weight) else 0)
+
+
 def build_sft(
     sources: Sequence[SftSource],
     out_dir: str | Path,
@@ -239,12 +256,7 @@ def build_sft(
     ``mode`` and ``style`` are the prompt's observation mode and system-prompt style
     (:func:`mobilerl.agent.prompt.build_messages`); ``action_weights``: resampling weight by action name
     (:data:`mobilerl.env.actions.ACTION_NAMES`; unnamed ones weigh 1)."""
-    action_weights = dict(action_weights or {})
-    bad = sorted(set(action_weights) - set(A.ACTION_NAMES))
-    if bad:
-        raise ValueError(f"action_weights: unknown action name(s) {bad}; known: {list(A.ACTION_NAMES)}")
-    if any(w < 0 for w in action_weights.values()):
-        raise ValueError(f"action_weights must be >= 0, got {action_weights}")
+    action_weights = check_action_weights(action_weights)
     if style not in PR.PROMPT_STYLES:
         raise ValueError(f"prompt style must be one of {PR.PROMPT_STYLES}, got {style!r}")
     if not 0.0 <= val_fraction < 1.0:
@@ -293,9 +305,7 @@ def build_sft(
         # mixing weight: resample this source's train samples (x the action type's weight)
         mixed: list[dict[str, Any]] = []
         for rec, action_name in train_src:
-            w = src.weight * action_weights.get(action_name, 1.0)
-            k = int(w) + (1 if rng.random() < w - int(w) else 0)
-            mixed.extend([rec] * k)
+            mixed.extend([rec] * copies(src.weight * action_weights.get(action_name, 1.0), rng))
         st["train_after_weight"] = len(mixed)
         splits["train"].extend(mixed)
         stats["sources"][src.name] = dict(st)

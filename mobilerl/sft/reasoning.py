@@ -48,7 +48,7 @@ from mobilerl.agent.prompt import (
     render_response,
     sharegpt_record,
 )
-from mobilerl.data.sft import framed_steps
+from mobilerl.data.sft import check_action_weights, copies, framed_steps
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
@@ -463,10 +463,15 @@ def with_history(episode: Sequence[ExpertStep], explanations: Mapping[str, str])
 
 
 def reasoning_records(episodes: Sequence[Sequence[ExpertStep]], explanations: Mapping[str, str],
-                      fmt: PromptFormat) -> list[dict[str, Any]]:
+                      fmt: PromptFormat, action_weights: Mapping[str, float] | None = None,
+                      seed: int = 0) -> list[dict[str, Any]]:
     """LLaMA-Factory sharegpt records of every step that has an explanation (``images`` hold the
     screenshot's own path until :func:`mobilerl.data.sft.write_sharegpt` copies it into the dataset),
-    prompts rendered with the explanations' own histories; responses are :func:`canonical_response`."""
+    prompts rendered with the explanations' own histories; responses are :func:`canonical_response`.
+    ``action_weights`` resamples records by the step's action (the SFT dataset's ``action_weights``,
+    :func:`mobilerl.data.sft.build_sft`), seeded by ``seed``."""
+    weights = check_action_weights(dict(action_weights or {}))
+    rng = random.Random(seed)
     out = []
     for ep in episodes:
         for st in with_history(ep, explanations):
@@ -474,7 +479,8 @@ def reasoning_records(episodes: Sequence[Sequence[ExpertStep]], explanations: Ma
             if response is None:
                 continue
             images = [st.image] if st.shows_image(fmt) and st.image else []
-            out.append(sharegpt_record(st.messages(fmt), response, images))
+            rec = sharegpt_record(st.messages(fmt), response, images)
+            out.extend([rec] * (copies(weights[st.action.name], rng) if st.action.name in weights else 1))
     return out
 
 
