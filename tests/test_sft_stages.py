@@ -35,6 +35,13 @@ def _base_checkpoint(path: Path, dataset: Path) -> Path:
     return path
 
 
+def _copies(responses, weights: dict) -> int:
+    """Records a set of kept responses becomes under the SFT data's (integer) action_weights."""
+    from mobilerl.env.actions import parse_action
+
+    return sum(int(weights.get(parse_action(r).name, 1)) for r in responses)
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     """A working copy: stage code, params, the expert store, a passed audit; a runner for its stages."""
@@ -146,7 +153,9 @@ def test_bootstrap_keeps_only_matching_candidates(repo, bootstrap):
     for step_id, text in kept.items():  # every kept explanation argues for the expert's action
         assert actions_match(parse_action(text), expert[step_id]) and "<think>" in text
     train = json.loads((bootstrap / "train.json").read_text())
-    assert len(train) == len(kept)
+    weights = json.loads((bootstrap / "stats.json").read_text())["action_weights"]  # carried from sft_data
+    assert weights == {"Finish": 2.0}  # params.yaml: integer weights, so the count is exact
+    assert len(train) == _copies(kept.values(), weights) > len(kept)
     for rec in train:
         sys_msg, user, answer = (x["content"] for x in rec["messages"])
         assert "<think>" in sys_msg and answer.startswith("<think>") and "</think><answer>" in answer
@@ -170,7 +179,8 @@ def test_refine_records_acceptance_per_round(repo, refine):
     kept = json.loads((refine / "explanations.json").read_text())
     boot = json.loads((refine.parent / "bootstrap" / "explanations.json").read_text())
     assert set(boot) <= set(kept)  # refinement replaces or adds explanations, never drops one
-    assert len(json.loads((refine / "train.json").read_text())) == len(kept)
+    weights = json.loads((refine / "stats.json").read_text())["action_weights"]
+    assert len(json.loads((refine / "train.json").read_text())) == _copies(kept.values(), weights) > len(kept)
     ckpt = repo.work / "data" / "checkpoints" / "reasoning_refine"
     assert isinstance(_generates(ckpt), str)
     assert not list(ckpt.parent.glob(".reasoning_refine.*"))  # round work folders are cleaned up
@@ -261,5 +271,7 @@ def test_refine_adopts_the_best_scored_matching_explanations(repo, bootstrap, tm
     refined = {k for k, v in kept.items() if "refined" in v}
     assert len(refined) >= 4 and all("much longer" in kept[k] for k in refined)  # the best-scored one
     train = json.loads((tmp_path / "refine" / "train.json").read_text())
-    assert sum("much longer" in r["messages"][2]["content"] for r in train) == len(refined)
+    weights = json.loads((tmp_path / "refine" / "stats.json").read_text())["action_weights"]
+    assert sum("much longer" in r["messages"][2]["content"] for r in train) == _copies([kept[k] for k in refined],
+                                                                                       weights)
     assert (tmp_path / "ckpt" / "reasoning_refine" / "config.json").exists()
