@@ -128,8 +128,6 @@ def test_sharegpt_dataset(stores, tmp_path):
 
 
 def test_the_dataset_does_not_depend_on_the_order_episodes_were_stored(stores, tmp_path):
-    import shutil
-
     from mobilerl.data.store import StoreWriter, iter_store
 
     trajs = list(iter_store(stores / "collected", order="file"))

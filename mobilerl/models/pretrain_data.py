@@ -683,6 +683,9 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
     return Encoded(ids, weights, spans, pixel_values, grid)
 
 
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
 def word_pool(states: Iterable[ScreenState], limit: int = 20000) -> list[str]:
     """Alphabetic words (2+ letters) of the states' instructions and screen labels: the vocabulary
     :func:`with_novel_spans` draws replacement words from (words the tokenizer has seen)."""
@@ -694,9 +697,6 @@ def word_pool(states: Iterable[ScreenState], limit: int = 20000) -> list[str]:
         if len(words) >= limit:
             break
     return sorted(words)
-
-
-_WORD = re.compile(r"[A-Za-z]{2,}")
 
 
 def with_novel_spans(state: ScreenState, spans: Sequence[str], rng: random.Random,

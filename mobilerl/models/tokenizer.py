@@ -78,9 +78,6 @@ def pretokenize_pattern(spaces: str = "prefix") -> str:
     return "|".join(x.format(sp=sp) for x in _PRETOKENIZE)
 
 
-PRETOKENIZE = pretokenize_pattern("prefix")
-
-
 def _number_merges() -> tuple[list[str], list[tuple[str, str]]]:
     """Vocabulary and merges that make every 1-3 digit string one token, whatever the merge order.
 

@@ -463,14 +463,14 @@ def with_history(episode: Sequence[ExpertStep], explanations: Mapping[str, str])
 
 
 def reasoning_records(episodes: Sequence[Sequence[ExpertStep]], explanations: Mapping[str, str],
-                      fmt: PromptFormat, action_weights: Mapping[str, float] | None = None,
+                      fmt: PromptFormat, action_weights: dict[str, float] | None = None,
                       seed: int = 0) -> list[dict[str, Any]]:
     """LLaMA-Factory sharegpt records of every step that has an explanation (``images`` hold the
     screenshot's own path until :func:`mobilerl.data.sft.write_sharegpt` copies it into the dataset),
     prompts rendered with the explanations' own histories; responses are :func:`canonical_response`.
     ``action_weights`` resamples records by the step's action (the SFT dataset's ``action_weights``,
     :func:`mobilerl.data.sft.build_sft`), seeded by ``seed``."""
-    weights = check_action_weights(dict(action_weights or {}))
+    weights = check_action_weights(action_weights)
     rng = random.Random(seed)
     out = []
     for ep in episodes:
