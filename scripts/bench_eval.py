@@ -4,21 +4,27 @@ generation settings buy over the old ones (issue 6: ≤ 5 minutes on this machin
     .venv/bin/python scripts/bench_eval.py --eval-max-new-tokens 24 --out bench.json     # all three parts
     .venv/bin/python scripts/bench_eval.py --skip-old --max-history 4                    # a format variant
     .venv/bin/python scripts/bench_eval.py --ckpt data/checkpoints/sft_reasoning_free --skip-eval
+    .venv/bin/python scripts/bench_eval.py --full sft_reasoning_free                     # the acceptance figure
 
 1. **Prompts**: the oracle runs every ``--every``-th world/test task; each step's context (task, screen,
    history of ``<answer>…</answer>`` responses) is kept: the prompts a policy that solves the tasks sees.
 2. **Generation**: the same ``--requests`` contexts through the HF backend under the ``old`` settings
-   (micro-batch 16, full system prompt, whole history) and the ``new`` ones (the tiny profile's
-   ``generation:`` block), every response forced to ``--answer-tokens`` tokens (a random-init model almost
+   (micro-batch 16, full system prompt, whole history, pixel coordinates) and the ``new`` ones (the tiny
+   profile's ``generation:`` block), and the ``new`` ones once more without the lean text prefill
+   (``fast_prefill=False``: every prompt through the transformers forward), every response forced to ``--answer-tokens`` tokens (a random-init model almost
    never ends a response: a trained one ends after ~15-30). Figures: actions/s (wall and CPU) and the
    projected time of world/test at its optimal step count (a policy that solves everything) and at its
-   full step budget (a policy that never finishes), and new/old. ``*_cpu_s`` figures are CPU seconds of
+   full step budget (a policy that never finishes), new/old and lean/transformers prefill. ``*_cpu_s`` figures are CPU seconds of
    this process: its wall time on an otherwise idle core (the wall figures are only that on an idle
    machine).
 3. **Evaluation**: a real ``evaluate`` of the checkpoint with the profile's settings over the same task
    subset (an untrained model: every step invalid, every episode runs its whole budget, every response
    ``max_new_tokens`` long — the worst case; ``--eval-max-new-tokens 24`` makes the responses a trained
    model's length), projected to all of world/test by step budget.
+
+``--full NAME`` instead times the acceptance measurement itself: the checkpoint policy ``NAME`` of
+``params.yaml``'s ``evaluate`` section, built exactly as the ``evaluate`` stage builds it (profile backend,
+prompt format, temperature, perturbation, ``model_concurrency``), over **all** of world/test with n = 1.
 
 Without ``--ckpt`` a random-init checkpoint of the shipped base's shape (hidden 128, 3 layers, 4 heads,
 vocab 4096, tokenizer trained on the collected prompts) is built under ``--build-dir`` (cached).
@@ -50,7 +56,7 @@ from mobilerl.models.hf_backend import HFBackend
 # The base being pretrained (docs/tiny_base.md): what the tiny profile will ship.
 BASE_SHAPE = dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
                   intermediate_size=384)
-OLD = {"max_batch": 16, "prompt_style": "full", "max_history": None}
+OLD = {"max_batch": 16, "prompt_style": "full", "max_history": None, "coords": "abs"}
 
 
 class RecordingOracle:
@@ -112,7 +118,7 @@ def profile_settings() -> dict[str, Any]:
 
     g = load_profile("tiny").generation
     return {"max_batch": g.max_batch, "prompt_style": g.prompt_style, "max_history": g.max_history,
-            "obs_mode": g.obs_mode, "max_new_tokens": g.max_new_tokens}
+            "coords": g.coords, "obs_mode": g.obs_mode, "max_new_tokens": g.max_new_tokens}
 
 
 def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings: dict[str, Any], answer_tokens: int,
@@ -120,7 +126,7 @@ def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings
     """All ``contexts`` as concurrent single requests (as concurrent episodes make them), fixed answer length."""
     backend._batcher.max_batch = settings["max_batch"]
     policy = ModelPolicy(backend, obs_mode="xml", prompt_style=settings["prompt_style"],
-                         max_history=settings["max_history"])
+                         max_history=settings["max_history"], coords=settings["coords"])
     requests = [policy.request(c) for c in contexts]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=answer_tokens, seed=0)
 
@@ -160,6 +166,30 @@ def model_concurrency() -> int:
     return load_params("evaluate", EvaluateConfig).model_concurrency
 
 
+def full_world_test(name: str) -> dict[str, Any]:
+    """The ``evaluate`` stage's policy ``name`` over all of world/test, n = 1: wall time and what it did."""
+    from stages.common import load_params
+    from stages.evaluate import EvaluateConfig, checkpoint_policy
+
+    cfg = load_params("evaluate", EvaluateConfig)
+    if name not in cfg.checkpoints:
+        raise SystemExit(f"--full: {name!r} is not under evaluate.checkpoints in params.yaml")
+    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg)
+    tasks = world_test()
+    t0, c0 = time.perf_counter(), time.process_time()
+    trajs = evaluate_sync(policy.with_seed, tasks, concurrency=cfg.model_concurrency, perturb=cfg.perturb,
+                          base_seed=cfg.seed, progress=True)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    steps = sum(len(t.steps) for t in trajs)
+    stats = policy.backend.stats
+    return {"policy": name, "tasks": len(tasks), "episodes": len(trajs), "steps": steps,
+            "model_calls": stats.items, "success_rate": round(sum(t.success for t in trajs) / len(trajs), 4),
+            "errors": sum(t.error is not None for t in trajs), "concurrency": cfg.model_concurrency,
+            "temperature": cfg.temperature, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "steps_per_s": round(steps / wall, 2), "generate_calls": stats.batches,
+            "mean_batch": round(stats.items / max(stats.batches, 1), 1), "generate_busy_s": round(stats.busy_s, 1)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", type=Path, default=None, help="tiny checkpoint (default: build a random-init one)")
@@ -176,8 +206,18 @@ def main(argv: list[str] | None = None) -> None:
                          "reaches it, so e.g. 24 gives a trained model's answer length at the full step budget)")
     ap.add_argument("--skip-old", action="store_true")
     ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--skip-plain", action="store_true", help="skip the run without the lean text prefill")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--full", metavar="NAME", default=None,
+                    help="time checkpoint policy NAME of params.yaml's evaluate section over all of world/test "
+                         "(n = 1), as the evaluate stage runs it; nothing else")
     args = ap.parse_args(argv)
+    if args.full:
+        res = full_world_test(args.full)
+        print("full world/test:", json.dumps(res), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(res, indent=1) + "\n")
+        return
 
     import torch
 
@@ -204,6 +244,17 @@ def main(argv: list[str] | None = None) -> None:
             continue
         rows[name] = bench_generation(backend, sample, settings, args.answer_tokens, budget)
         print(f"generation {name}:", json.dumps(rows[name]), flush=True)
+    if not args.skip_plain:  # the same settings without the lean text prefill (TextPrefill)
+        plain = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=new["max_batch"], fast_prefill=False)
+        rows["new_transformers_prefill"] = bench_generation(plain, sample, {k: new[k] for k in OLD},
+                                                            args.answer_tokens, budget)
+        print("generation new, transformers prefill:", json.dumps(rows["new_transformers_prefill"]), flush=True)
+        report["speedup_text_prefill"] = round(
+            rows["new"]["actions_per_s"] / rows["new_transformers_prefill"]["actions_per_s"], 2)
+        report["speedup_text_prefill_cpu"] = round(
+            rows["new"]["actions_per_cpu_s"] / rows["new_transformers_prefill"]["actions_per_cpu_s"], 2)
+        print("speedup of the lean text prefill (actions/s, wall / CPU):", report["speedup_text_prefill"],
+              report["speedup_text_prefill_cpu"], flush=True)
     report["generation"] = rows
     if "old" in rows:
         report["speedup_new_over_old"] = round(rows["new"]["actions_per_s"] / rows["old"]["actions_per_s"], 2)
@@ -213,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         backend._batcher.max_batch = new["max_batch"]
         cap = args.eval_max_new_tokens or new["max_new_tokens"]
         policy = ModelPolicy(backend, obs_mode=new["obs_mode"], prompt_style=new["prompt_style"],
-                             max_history=new["max_history"], name="tiny-random",
+                             max_history=new["max_history"], coords=new["coords"], name="tiny-random",
                              sampling=SamplingConfig(temperature=1.0, max_new_tokens=cap))
         concurrency = args.concurrency or model_concurrency()
         b0, i0, busy0 = backend.stats.batches, backend.stats.items, backend.stats.busy_s

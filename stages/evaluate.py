@@ -67,6 +67,10 @@ class EvaluateConfig(StageConfig):
     offline_suite: Literal["world", "lab"] = Field("world", description="Suite of the offline step evaluation.")
     offline_per_template: int = Field(
         1, ge=0, description="Expert-rolled test tasks per template scored step by step (0: no offline evaluation).")
+    offline_modes: list[Literal["high", "low"]] = Field(
+        ["high", "low"], min_length=1,
+        description="AndroidControl modes of the offline evaluation: high (goal + history) and/or low (the step's "
+                    "own instruction, derived from the expert's action where the record has none; no history).")
 
     @field_validator("checkpoints", mode="before")
     @classmethod
@@ -192,14 +196,16 @@ def evaluate_offline(name: str, policy: Any, episodes: list, cfg: EvaluateConfig
     from mobilerl.eval.androidcontrol import run_androidcontrol
 
     with tracking.child_run(f"{name}/offline", "evaluate", policy=name, suite=f"{cfg.offline_suite}-offline") as run:
-        t0 = time.perf_counter()
-        res = asyncio.run(run_androidcontrol(policy, episodes, "high", cfg.model_concurrency, frame=policy.coords))
-        m: dict[str, Any] = {**res.metrics, "wall_s": time.perf_counter() - t0,
-                             "suite": f"{cfg.offline_suite}/{cfg.split}"}
+        m: dict[str, Any] = {"suite": f"{cfg.offline_suite}/{cfg.split}"}
+        for mode in cfg.offline_modes:
+            t0 = time.perf_counter()
+            res = asyncio.run(run_androidcontrol(policy, episodes, mode, cfg.model_concurrency, frame=policy.coords))
+            m |= res.metrics | {f"androidcontrol/{mode}/wall_s": time.perf_counter() - t0}
+            print(f"evaluate: {name} offline {mode} ({len(episodes)} expert episodes, "
+                  f"{m[f'androidcontrol/{mode}/n_steps']} steps): step success "
+                  f"{m[f'androidcontrol/{mode}/step_success_rate']:.3f}")
         tracking.log_metrics({k: v for k, v in m.items() if isinstance(v, int | float)})
         m["mlflow_run_id"] = run.info.run_id
-    print(f"evaluate: {name} offline ({len(episodes)} expert episodes, {m['androidcontrol/high/n_steps']} "
-          f"steps): step success {m['androidcontrol/high/step_success_rate']:.3f}")
     return m
 
 

@@ -47,21 +47,34 @@ def _suites(summary: dict) -> list[str]:
     return [s for s in ("world", "lab") if s in found] + sorted(found - {"world", "lab"})
 
 
+def offline_modes(x: dict) -> dict[str, dict]:
+    """A checkpoint's offline metrics (``androidcontrol/<mode>/<metric>``) by mode: ``{mode: {metric: v}}``."""
+    out: dict[str, dict] = {}
+    for k, v in x.items():
+        parts = k.split("/")
+        if len(parts) == 3 and parts[0] == "androidcontrol":
+            out.setdefault(parts[1], {})[parts[2]] = v
+    return out
+
+
 def offline_table(offline: dict) -> list[str]:
     """Offline step accuracy of the checkpoints (``data/eval/offline.json``; empty: no section)."""
     if not offline:
         return []
     suite = next(iter(offline.values())).get("suite", "")
-    lines = [f"## Offline step accuracy (AndroidControl-style, high mode) — expert episodes of {suite}", "",
-             "Each step of an expert rollout, with the expert's history (a wrong answer is replaced by the expert's "
-             "action); Table 8 rules: point in the predicted box, Type F1 > 0.5, swipe direction, app name.", "",
-             "| policy | episodes | steps | type acc | grounding acc | step SR | episode SR | invalid % | run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## Offline step accuracy (AndroidControl-style) — expert episodes of {suite}", "",
+             "Each step of an expert rollout. High: the goal, with the expert's history (a wrong answer is replaced "
+             "by the expert's action). Low: the step's own instruction (derived from the expert's action and screen, "
+             "e.g. `Tap \"Wi-Fi\"`), no history. Table 8 rules: point in the predicted box, Type F1 > 0.5, swipe "
+             "direction, app name.", "",
+             "| policy | mode | episodes | steps | type acc | grounding acc | step SR | episode SR | invalid % | run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p in _order(list(offline)):
-        x = {k.rsplit("/", 1)[-1]: v for k, v in offline[p].items()}
-        lines.append(f"| {p} | {x.get('n_episodes')} | {x.get('n_steps')} | {_pct(x.get('type_accuracy'))} | "
-                     f"{_pct(x.get('grounding_accuracy_all'))} | {_pct(x.get('step_success_rate'))} | "
-                     f"{_pct(x.get('episode_success_rate'))} | {_pct(x.get('invalid_rate'))} | {_run(offline[p])} |")
+        for mode, x in sorted(offline_modes(offline[p]).items()):
+            lines.append(f"| {p} | {mode} | {x.get('n_episodes')} | {x.get('n_steps')} | "
+                         f"{_pct(x.get('type_accuracy'))} | {_pct(x.get('grounding_accuracy_all'))} | "
+                         f"{_pct(x.get('step_success_rate'))} | {_pct(x.get('episode_success_rate'))} | "
+                         f"{_pct(x.get('invalid_rate'))} | {_run(offline[p])} |")
     return lines + [""]
 
 
@@ -154,8 +167,7 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offlin
 def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None) -> dict:
     out: dict = {}
     for p, x in (offline or {}).items():
-        out.setdefault(p, {})["offline"] = {k.rsplit("/", 1)[-1]: v for k, v in x.items()
-                                            if k.startswith("androidcontrol/")} | {"mlflow_run_id": x["mlflow_run_id"]}
+        out.setdefault(p, {})["offline"] = offline_modes(x) | {"mlflow_run_id": x["mlflow_run_id"]}
     for p, suites in summary.items():
         for s, x in suites.items():
             m = {"success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],

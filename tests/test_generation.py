@@ -109,6 +109,38 @@ def test_tiny_checkpoint_loads_offline_and_generates(hf, ckpt):
     assert g.text == hf.tokenizer.decode([t for t in g.token_ids if t not in hf.eos_ids], skip_special_tokens=True)
 
 
+def test_text_prefill_is_the_transformers_forward(hf, ckpt):
+    """The lean text prefill the backend uses for text-only prompts gives the transformers forward's logits
+    and cache, and generation with it is generation without it."""
+    import torch
+
+    from mobilerl.models.text_prefill import TextPrefill
+
+    assert hf._text_prefill is not None  # the tiny Qwen2-VL takes the lean path
+    enc = hf._encode([hf.render(text_request("Tap OK please"))], [])
+    n = enc["input_ids"].shape[1]
+    with torch.inference_mode():
+        out = hf.model(**enc, position_ids=torch.arange(n).unsqueeze(0), use_cache=True)
+        logits, kv = hf._text_prefill(enc["input_ids"])
+    torch.testing.assert_close(logits, out.logits[0, -1], rtol=1e-5, atol=1e-5)
+    assert len(kv) == len(out.past_key_values.layers)
+    for (k, v), layer in zip(kv, out.past_key_values.layers, strict=True):
+        torch.testing.assert_close(k, layer.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, layer.values, rtol=1e-5, atol=1e-5)
+    plain = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=8, fast_prefill=False)
+    assert plain._text_prefill is None
+    reqs = [text_request(s) for s in ("", "Back", "hello")]
+    sc = SamplingConfig(temperature=0, max_new_tokens=10)
+
+    async def both(backend):
+        return [g for [g] in await asyncio.gather(*(backend.generate([r], sc) for r in reqs))]
+
+    for fast, slow in zip(run(both(hf)), run(both(plain)), strict=True):
+        assert fast.token_ids == slow.token_ids
+        np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-4)
+    assert TextPrefill.for_model(torch.nn.Linear(2, 2)) is None  # anything else keeps the transformers forward
+
+
 def test_seeded_sampling_is_deterministic_and_seeds_differ_per_request(hf):
     sc = SamplingConfig(temperature=1.0, max_new_tokens=12, seed=7)
     a = run(hf.generate([text_request()] * 3, sc))

@@ -117,8 +117,10 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         assert oracle, sorted(r.info.run_name for r in runs)
         assert oracle[0].data.metrics["eval/success_rate"] == 1.0
         offline = [r for r in runs if r.info.run_name == "sft_reasoning_free/offline"]
-        assert offline and offline[0].data.metrics["androidcontrol/high/n_steps"] > 0
-        assert "Offline step accuracy" in report and "| sft_reasoning_free | 3 |" in report
+        m = offline[0].data.metrics if offline else {}
+        assert m.get("androidcontrol/high/n_steps", 0) > 0 and m["androidcontrol/low/n_steps"] == m["androidcontrol/high/n_steps"]
+        assert "Offline step accuracy" in report
+        assert "| sft_reasoning_free | high | 3 |" in report and "| sft_reasoning_free | low | 3 |" in report
 
         # Selective re-run: change the report's param only.
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

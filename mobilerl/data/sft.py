@@ -7,6 +7,8 @@ the current screenshot and/or compressed XML → the step's action, rendered by 
 Sources (:class:`SftSource`) are stores of the collector (``collected``), of human annotations
 (``human``) and of converted AndroidControl episodes (``androidcontrol``); ``variant`` picks high-level
 samples (goal + history), low-level ones (the step instruction, no history — AndroidControl-Low), or both.
+A step recorded without a step instruction (the simulator's expert writes none) gets one derived from its
+action and screen (:func:`mobilerl.data.step_instructions.step_instruction`: ``Tap "Wi-Fi"``).
 Only successful episodes are used unless ``only_success`` is off (sources without a verifier count as
 successful). Then:
 
@@ -43,6 +45,7 @@ from PIL import Image
 
 from mobilerl.agent import prompt as PR
 from mobilerl.data.schema import StepRecord, Trajectory
+from mobilerl.data.step_instructions import step_instruction
 from mobilerl.data.store import iter_store
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action
@@ -119,9 +122,9 @@ def samples_from_trajectory(
             msgs = PR.build_messages(traj.instruction, history, xml_c, app=s.app, mode=step_mode,
                                      reasoning=reasoning, max_history=max_history, style=style)
             yield Sample(source.name, traj.task_id, "high", msgs, response, image, action.name)
-        if source.variant in ("low", "both") and s.step_instruction:
-            msgs = PR.build_messages(s.step_instruction, (), xml_c, app=s.app, mode=step_mode,
-                                     reasoning=reasoning, style=style)
+        low = s.step_instruction or step_instruction(action, xml_c, traj.instruction)
+        if source.variant in ("low", "both") and low:
+            msgs = PR.build_messages(low, (), xml_c, app=s.app, mode=step_mode, reasoning=reasoning, style=style)
             yield Sample(source.name, traj.task_id, "low", msgs, response, image, action.name)
         history.append(response if reasoning else PR.render_response(format_action(action)))
 

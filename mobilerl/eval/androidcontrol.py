@@ -241,13 +241,17 @@ class ACResult:
 def from_trajectory(traj: Any) -> ACEpisode:
     """One of our trajectories (:class:`~mobilerl.data.schema.Trajectory`, e.g. an expert rollout) as offline
     step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal.
-    Our records have no per-step instructions, so low mode would see the goal at every step."""
+    A step's low-level instruction is the recorded one, else one derived from its action and screen
+    (:func:`mobilerl.data.step_instructions.step_instruction`, as the SFT data derives it), else the goal."""
+    from mobilerl.data.step_instructions import step_instruction
+
     steps = list(framed_steps(traj))  # the valid steps, as the SFT data takes them
     size = traj.meta.get("screen_size") or (1080, 2400)
     return ACEpisode(
         episode_id=f"{traj.task_id}#{traj.trial}",
         goal=traj.instruction,
-        step_instructions=[traj.instruction] * len(steps),
+        step_instructions=[s.step_instruction or step_instruction(a, xml_c, traj.instruction) or traj.instruction
+                           for s, xml_c, a in steps],
         observations=[xml_c for _, xml_c, _ in steps],
         actions=[GTStep(action) for _, _, action in steps],
         width=int(size[0]),

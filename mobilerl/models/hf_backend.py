@@ -10,7 +10,8 @@ top-p and seed are per request.
 
 A batch is not one left-padded ``model.generate`` call: on a CPU that spent half its prefill FLOPs on pad
 tokens, built (B, L, L) masks, and copied the whole KV cache at every token. Instead each prompt is
-prefilled alone (causal kernel, no mask), the caches are copied once into preallocated left-padded
+prefilled alone (causal kernel, no mask; text-only prompts of a Qwen2-VL model through the lean
+:class:`~mobilerl.models.text_prefill.TextPrefill`), the caches are copied once into preallocated left-padded
 buffers, and the rows decode together; finished rows are dropped from the cache once at most half are
 live. Sampling is vectorised over rows (:class:`_Sampler`), each row with its own seeded stream, so a
 request's sample depends on its seed, not on which other requests share its batch (up to the float noise
@@ -37,6 +38,7 @@ from mobilerl.models.generation import (
     apply_stop,
     text_content,
 )
+from mobilerl.models.text_prefill import TextPrefill
 
 
 def token_logprobs(logits: Any, tokens: Any, temperature: float | Any) -> Any:
@@ -106,30 +108,40 @@ class _Sampler:
         return tok
 
 
-def _decode_cache(prefills: Sequence[Any], lengths: list[int], capacity: int) -> Any:
-    """A batch KV cache of ``GrowingLayer`` s (:func:`_growing_layer`): the prompts' caches (each
-    (1, H, L_b, D)) left-padded to ``max(lengths)`` in buffers with room for ``capacity`` positions."""
-    from transformers.cache_utils import Cache, DynamicLayer
+def _decode_cache(prefills: Sequence[list[tuple[Any, Any]]], lengths: list[int], capacity: int) -> Any:
+    """A batch KV cache of ``GrowingLayer`` s (:func:`_growing_layer`): the prompts' per-layer ``(keys,
+    values)`` (each (1, H, L_b, D)) left-padded to ``max(lengths)`` in buffers with room for ``capacity``
+    positions."""
+    from transformers.cache_utils import Cache
 
     width = max(lengths)
     layers = []
-    for li, first in enumerate(prefills[0].layers):
-        if type(first) is not DynamicLayer:
-            raise NotImplementedError(
-                f"HFBackend decodes full-attention caches only; layer {li} is a {type(first).__name__}"
-            )
-        k0, v0 = first.keys, first.values
+    for li, (k0, v0) in enumerate(prefills[0]):
         # Uninitialised beyond ``width`` (written before it is read); the padding is zeroed, as masked
         # positions must hold finite values (0 × NaN is NaN).
         kb = k0.new_empty((len(prefills), k0.shape[1], capacity, k0.shape[3]))
         vb = v0.new_empty((len(prefills), v0.shape[1], capacity, v0.shape[3]))
-        for b, (cache, n) in enumerate(zip(prefills, lengths, strict=True)):
+        for b, (kv, n) in enumerate(zip(prefills, lengths, strict=True)):
             kb[b, :, :width - n] = 0
             vb[b, :, :width - n] = 0
-            kb[b, :, width - n:width] = cache.layers[li].keys[0]
-            vb[b, :, width - n:width] = cache.layers[li].values[0]
+            kb[b, :, width - n:width] = kv[li][0][0]
+            vb[b, :, width - n:width] = kv[li][1][0]
         layers.append(_growing_layer()(kb, vb, width))
     return Cache(layers=layers)
+
+
+def _layer_kv(cache: Any) -> list[tuple[Any, Any]]:
+    """Per-layer ``(keys, values)`` of a transformers prefill cache (full-attention layers only)."""
+    from transformers.cache_utils import DynamicLayer
+
+    out = []
+    for li, layer in enumerate(cache.layers):
+        if type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"HFBackend decodes full-attention caches only; layer {li} is a {type(layer).__name__}"
+            )
+        out.append((layer.keys, layer.values))
+    return out
 
 
 @functools.cache
@@ -181,10 +193,13 @@ class HFBackend:
         batch_wait_ms: how long a batch waits for more requests after the first (and after those that
             queued while the previous batch ran).
         name: recorded as the policy/backend name.
+        fast_prefill: prefill text-only prompts with :class:`~mobilerl.models.text_prefill.TextPrefill`
+            where the model is one it supports (the same logits and cache; ~1.2x faster on the tiny model).
     """
 
     def __init__(
-        self, model: Any, processor: Any, *, max_batch: int = 16, batch_wait_ms: float = 5.0, name: str = "hf"
+        self, model: Any, processor: Any, *, max_batch: int = 16, batch_wait_ms: float = 5.0, name: str = "hf",
+        fast_prefill: bool = True,
     ) -> None:
         self.model = model.eval()
         self.processor = processor
@@ -203,6 +218,8 @@ class HFBackend:
         # Prefill computes the logits of the last position only, where the model supports it.
         params = inspect.signature(model.forward).parameters
         self._last_logits: dict[str, Any] = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # Text-only prompts of a Qwen2-VL model skip the transformers forward's bookkeeping (same numbers).
+        self._text_prefill = TextPrefill.for_model(model) if fast_prefill else None
         # One thread runs every model call (batches, score), so the model is never used concurrently.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mobilerl-hf")
         self._batcher = MicroBatcher(
@@ -303,10 +320,11 @@ class HFBackend:
             )
         return {k: v.to(self.model.device) for k, v in enc.items()}
 
-    def _prefill(self, request: ChatRequest) -> tuple[Any, Any, int, int]:
+    def _prefill(self, request: ChatRequest) -> tuple[Any, list[tuple[Any, Any]], int, int]:
         """One prompt through the model alone (no padding, so no mask: the causal kernel, and no FLOPs on pad
-        tokens, which were half of a left-padded batch). Returns the last position's raw logits (V,), its
-        KV cache, the prompt length and the M-RoPE offset of its next position (0 without images)."""
+        tokens, which were half of a left-padded batch). Returns the last position's raw logits (V,), the
+        per-layer ``(keys, values)`` of its cache, the prompt length and the M-RoPE offset of its next
+        position (0 without images)."""
         import torch
 
         enc = self._encode([self.render(request)], list(request.images or []))
@@ -315,11 +333,14 @@ class HFBackend:
             out = self.model(**enc, use_cache=True, **self._last_logits)
             deltas = getattr(out, "rope_deltas", None)
             delta = int(deltas.view(-1)[0]) if deltas is not None else 0
+        elif self._text_prefill is not None:
+            logits, kv = self._text_prefill(enc["input_ids"])
+            return logits, kv, n, 0
         else:  # explicit positions: no dependence on the rope offsets the model keeps from its last call
             pos = torch.arange(n, device=self.model.device).unsqueeze(0)
             out = self.model(**enc, position_ids=pos, use_cache=True, **self._last_logits)
             delta = 0
-        return out.logits[0, -1], out.past_key_values, n, delta
+        return out.logits[0, -1], _layer_kv(out.past_key_values), n, delta
 
     def _generate_batch(self, items: list[tuple[ChatRequest, SamplingConfig, int]]) -> list[Generation]:
         """Prefill each prompt alone, then decode all rows together over one preallocated KV cache.

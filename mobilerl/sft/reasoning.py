@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mobilerl.agent.policy import CompressedNode
 from mobilerl.agent.prompt import (
     OBSERVATION_MODES,
     PROMPT_STYLES,
@@ -49,12 +48,11 @@ from mobilerl.agent.prompt import (
     sharegpt_record,
 )
 from mobilerl.data.sft import check_action_weights, copies, framed_steps
+from mobilerl.data.step_instructions import element_label, element_name, screen_lines
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
 from mobilerl.models.pretrain_data import quote_label
-
-_LINE = re.compile(r"^(?:\[\d+\] )?([^;]*);([^;]*);(.*);\[(\d+),(\d+)\]\[(\d+),(\d+)\]$")
 
 
 # ------------------------------------------------------------------------------------------- matching
@@ -233,7 +231,7 @@ async def refine_select(backend: Any, steps: Sequence[ExpertStep], cands: Sequen
 class _Known:
     action: Action
     instruction: str
-    lines: list[tuple[str, str, str, tuple[int, int, int, int]]] = field(default_factory=list)
+    lines: list[CompressedNode] = field(default_factory=list)
     app: str = ""
 
 
@@ -259,13 +257,8 @@ class SimTeacher:
         return hashlib.sha1(user.encode()).hexdigest()
 
     def register(self, step: ExpertStep, fmt: PromptFormat = PromptFormat()) -> None:
-        lines = []
-        for raw in step.xml_compressed.splitlines():
-            m = _LINE.match(raw.strip())
-            if m:
-                cls, flags, label, *xy = m.groups()
-                lines.append((cls, flags, label, tuple(int(v) for v in xy)))
-        self._known[self._key(step.messages(fmt))] = _Known(step.action, step.instruction, lines, step.app)
+        self._known[self._key(step.messages(fmt))] = _Known(step.action, step.instruction,
+                                                            screen_lines(step.xml_compressed), step.app)
 
     async def generate(self, requests: Sequence[ChatRequest], sampling: SamplingConfig) -> list[Generation]:
         out = []
@@ -284,18 +277,10 @@ class SimTeacher:
 
     # -- the explanations
     def _label(self, known: _Known, box: tuple[int, int, int, int] | None) -> str:
-        for _cls, _flags, label, b in known.lines:
-            if b == box and label:
-                return label.split(" | ")[0]
-        # a clickable container: name it by the first labelled line inside it
-        if box is not None:
-            for _cls, _flags, label, b in known.lines:
-                if label and box[0] <= b[0] and box[1] <= b[1] and b[2] <= box[2] and b[3] <= box[3]:
-                    return label.split(" | ")[0]
-        return "that element"
+        return element_label(known.lines, box) or "that element"
 
     def _wrong(self, known: _Known, rng: random.Random) -> Action:
-        clickable = [b for _c, flags, _l, b in known.lines if "clickable" in flags and b != known.action.element]
+        clickable = [ln.bounds for ln in known.lines if "clickable" in ln.flags and ln.bounds != known.action.element]
         options: list[Action] = [Action(A.SWIPE, direction="up", dist="medium"), Action(A.BACK)]
         if clickable:
             options += [Action(A.TAP, element=rng.choice(clickable))] * 3
@@ -304,22 +289,7 @@ class SimTeacher:
         return rng.choice(options)
 
     def _name(self, known: _Known, box: tuple[int, int, int, int] | None) -> str:
-        """A name that picks out the element at ``box`` on this screen: its label when no other line
-        carries it, else the label qualified by a uniquely labelled line just above it (the one the task
-        mentions if any: ``"More options" of "Bird song"``)."""
-        label = self._label(known, box)
-        count = Counter(lab.split(" | ")[0] for _c, _f, lab, _b in known.lines if lab)
-        if count.get(label, 0) <= 1 or box is None:
-            return quote_label(label)
-        at = next((i for i, (_c, _f, _l, b) in enumerate(known.lines) if b == box), len(known.lines))
-        near = [lab for _c, _f, lab, _b in reversed(known.lines[max(0, at - 4):at])
-                if lab and count[lab.split(" | ")[0]] == 1]
-        near = [lab.split(" | ")[0] for lab in near]
-        if not near:
-            return quote_label(label)
-        # the row's own name: the one the task mentions, else the nearest
-        named = [lab for lab in near if lab.lower() in known.instruction.lower()]
-        return f"{quote_label(label)} of {quote_label((named or near)[0])}"
+        return element_name(known.lines, box, known.instruction) or quote_label("that element")
 
     def _target(self, known: _Known, action: Action, rng: random.Random) -> str:
         """Style ``target``: the step's decision in the words of the base's pretraining questions
