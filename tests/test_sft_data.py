@@ -118,7 +118,8 @@ def test_sharegpt_dataset(stores, tmp_path):
     steps = c["steps"]
     assert c["train_high"] + c["val_high"] + c.get("duplicates", 0) == steps
     ac = stats["sources"]["androidcontrol"]
-    assert ac["train_low"] + ac.get("val_low", 0) == 8  # one low-level sample per step instruction
+    # one low-level sample per step: 8 recorded step instructions, and one derived for the step that has none
+    assert ac["train_low"] + ac.get("val_low", 0) == ac["train_high"] + ac.get("val_high", 0) == 9
     low = [r for r in train + val if r["messages"][1]["content"].startswith("Task: instruction ")]
     assert all("Previous actions: none" in r["messages"][1]["content"] for r in low)
     # splits are by task: no task instruction on both sides
