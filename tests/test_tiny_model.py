@@ -221,6 +221,15 @@ def test_random_spans_are_well_posed_copy_questions():
         assert end == len(ins) or ins[end] in ".,;:!?'\" " and (ins[end] != " " or ins[end + 1] in "'\"")
     qas = copy_qas(ins, spans)
     assert qas and all(q.answer.startswith('do(action="Type", text="') for q in qas)
+    # near copy: the question restates the instruction right after the cue, the answer is unchanged
+    near = copy_qas(ins, spans, near=1.0, rng=random.Random(0))
+    assert [q.answer for q in near] == [q.answer for q in qas]
+    for q, far in zip(near, qas, strict=True):
+        assert q.question == f"{far.question} in: {ins}"
+        span = q.answer.removeprefix('do(action="Type", text="').removesuffix('")')
+        assert span in q.question
+    mixed = copy_qas(ins, spans * 20, near=0.5, rng=random.Random(1))
+    assert 0 < sum(" in: " in q.question for q in mixed) < len(mixed)
 
 
 def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(states):

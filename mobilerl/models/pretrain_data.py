@@ -420,9 +420,14 @@ def typed_texts(states: Iterable[ScreenState]) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def copy_qas(instruction: str, spans: Sequence[str]) -> list[QA]:
+def copy_qas(instruction: str, spans: Sequence[str], near: float = 0.0, rng: random.Random | None = None
+             ) -> list[QA]:
     """``type after "<cue>"`` → ``do(action="Type", text="<span>")``: the cue is the 1-3 words before
-    the span's first occurrence (unique in the instruction); spans at the very start are skipped."""
+    the span's first occurrence (unique in the instruction); spans at the very start are skipped.
+
+    ``near``: the share of questions that restate the instruction right after the cue (``type after
+    "<cue>" in: <instruction>``), so the span to copy is a few dozen tokens back instead of hundreds (a
+    warm-up for the copying circuit; docs/tiny_base.md). Draws from ``rng`` only when ``near > 0``."""
     out = []
     for span in spans:
         at = instruction.find(span)
@@ -432,7 +437,10 @@ def copy_qas(instruction: str, spans: Sequence[str]) -> list[QA]:
         for k in (1, 2, 3):
             cue = " ".join(words[-k:]).strip("'\"")
             if cue and '"' not in cue and instruction.count(cue) == 1:
-                out.append(QA("copy", f"type after {quote_label(cue)}", format_action(Action(A.TYPE, text=span))))
+                question = f"type after {quote_label(cue)}"
+                if near > 0 and (rng or random).random() < near:
+                    question += f" in: {instruction}"
+                out.append(QA("copy", question, format_action(Action(A.TYPE, text=span))))
                 break
     return out
 
@@ -447,6 +455,7 @@ def make_qas(
     weights: dict[str, float] | None = None,
     n: int = 16,
     spans: Sequence[str] = (),
+    near_copy: float = 0.0,
 ) -> list[QA]:
     """Up to ``n`` questions about the screen ``nodes`` (a window of ``state.nodes`` unless ``full``).
 
@@ -487,7 +496,7 @@ def make_qas(
             text = A.parse_action(state.action).text or ""
             if text and text in state.instruction:
                 pools["type"].append(QA("type", "type?", state.action))
-        pools["copy"].extend(copy_qas(state.instruction, spans))
+        pools["copy"].extend(copy_qas(state.instruction, spans, near_copy, rng))
         if state.action:
             pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding)))
     weights = weights or {k: 1.0 for k in KINDS}
@@ -534,6 +543,7 @@ class DataConfig:
     system_prob: float = 0.0  # policy prompt: share of sequences that start with its system prompt
     random_spans: int = 0  # extra random instruction spans per screen offered as copy questions
     novel_spans: float = 0.0  # share of sequences whose instruction spans are replaced by random words
+    near_copy: float = 0.0  # share of copy questions that restate the instruction right after the cue
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -605,7 +615,8 @@ def build_example(
         start = rng.randrange(len(state.nodes) - k + 1)
         nodes = state.nodes[start : start + k]
     qas = make_qas(
-        state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions, spans
+        state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions, spans,
+        cfg.near_copy,
     )
     screen = render_screen(nodes, state.width, state.height, cfg.coords, numbered)
     with_image = state.png is not None and rng.random() < cfg.image_prob
