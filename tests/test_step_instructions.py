@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from mobilerl.data.step_instructions import element_name, screen_lines, step_instruction
+from mobilerl.agent.policy import parse_compressed
+from mobilerl.data.step_instructions import element_name, step_instruction
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, parse_action
 
@@ -29,7 +30,7 @@ def test_a_tap_is_named_by_its_label_and_a_repeated_label_by_the_row_it_sits_in(
     assert step_instruction(Action(A.LONG_PRESS, element=(900, 110, 990, 190)), SCREEN) == (
         'Long-press "More options" of "Bird song"')
     # a row the task mentions (within the few lines above) wins over the nearest one
-    lines = screen_lines(SCREEN)
+    lines = parse_compressed(SCREEN)
     assert element_name(lines, (900, 210, 990, 290), "Share the bird song clip") == '"More options" of "Bird song"'
     # nothing names a box that is on no line and inside none: no instruction (no sample) rather than "tap that"
     assert step_instruction(Action(A.TAP, element=(5, 900, 50, 950)), SCREEN) is None
@@ -75,7 +76,7 @@ def test_a_store_without_step_instructions_gets_low_level_samples(tmp_path):
         task = r["messages"][1]["content"].splitlines()[0].removeprefix("Task: ")
         action = parse_action(r["messages"][2]["content"])
         if action.name == A.TAP:  # the instruction names the element the answer taps, on this screen
-            lines = screen_lines(r["messages"][1]["content"])
+            lines = parse_compressed(r["messages"][1]["content"])
             assert task == f"Tap {element_name(lines, action.element)}"
         elif action.name == A.LAUNCH:
             assert task == f"Open {action.app}"

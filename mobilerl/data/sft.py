@@ -122,8 +122,9 @@ def samples_from_trajectory(
             msgs = PR.build_messages(traj.instruction, history, xml_c, app=s.app, mode=step_mode,
                                      reasoning=reasoning, max_history=max_history, style=style)
             yield Sample(source.name, traj.task_id, "high", msgs, response, image, action.name)
-        low = s.step_instruction or step_instruction(action, xml_c, traj.instruction)
-        if source.variant in ("low", "both") and low:
+        low = (s.step_instruction or step_instruction(action, xml_c, traj.instruction)
+               if source.variant in ("low", "both") else None)
+        if low:
             msgs = PR.build_messages(low, (), xml_c, app=s.app, mode=step_mode, reasoning=reasoning, style=style)
             yield Sample(source.name, traj.task_id, "low", msgs, response, image, action.name)
         history.append(response if reasoning else PR.render_response(format_action(action)))

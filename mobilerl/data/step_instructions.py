@@ -25,11 +25,6 @@ from mobilerl.models.pretrain_data import quote_label
 Box = tuple[int, int, int, int]
 
 
-def screen_lines(xml_compressed: str) -> list[CompressedNode]:
-    """The element lines of a compressed screen (:func:`mobilerl.agent.policy.parse_compressed`)."""
-    return parse_compressed(xml_compressed)
-
-
 def _first(label: str) -> str:
     return label.split(" | ")[0]
 
@@ -73,7 +68,7 @@ def step_instruction(action: Action, xml_compressed: str, instruction: str = "")
     the screen names (a sample with no instruction is better left out than taught as "tap that")."""
     n = action.name
     if n in (A.TAP, A.LONG_PRESS):
-        name = element_name(screen_lines(xml_compressed), action.element, instruction)
+        name = element_name(parse_compressed(xml_compressed), action.element, instruction)
         if name is None:
             return None
         return f"{'Tap' if n == A.TAP else 'Long-press'} {name}"

@@ -48,6 +48,7 @@ from typing import Any
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
 from mobilerl.data.sft import framed_steps
+from mobilerl.data.step_instructions import step_instruction
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
 from mobilerl.env.base import Observation, TaskSpec
@@ -243,8 +244,6 @@ def from_trajectory(traj: Any) -> ACEpisode:
     step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal.
     A step's low-level instruction is the recorded one, else one derived from its action and screen
     (:func:`mobilerl.data.step_instructions.step_instruction`, as the SFT data derives it), else the goal."""
-    from mobilerl.data.step_instructions import step_instruction
-
     steps = list(framed_steps(traj))  # the valid steps, as the SFT data takes them
     size = traj.meta.get("screen_size") or (1080, 2400)
     return ACEpisode(

@@ -63,16 +63,6 @@ class TextPrefill:
         _, cos, sin = self._tables
         return cos[:n], sin[:n]
 
-    @staticmethod
-    def _norm(module: Any, x: Any) -> Any:
-        # Qwen2RMSNorm, computed as transformers computes it (float32 variance, cast back)
-        import torch
-
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-        return module.weight * h.to(dtype)
-
     def __call__(self, input_ids: Any) -> tuple[Any, list[tuple[Any, Any]]]:
         import torch
         import torch.nn.functional as F
@@ -88,13 +78,13 @@ class TextPrefill:
         kv: list[tuple[Any, Any]] = []
         for layer in self.lm.layers:
             attn = layer.self_attn
-            x = self._norm(layer.input_layernorm, h)
+            x = layer.input_layernorm(h)
             q = rotate(attn.q_proj(x).view(1, n, self.heads, self.head_dim).transpose(1, 2))
             k = rotate(attn.k_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2))
             v = attn.v_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             kv.append((k, v))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
-            h = h + layer.mlp(self._norm(layer.post_attention_layernorm, h))
-        logits = self.model.lm_head(self._norm(self.lm.norm, h[:, -1:]))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = self.model.lm_head(self.lm.norm(h[:, -1:]))
         return logits[0, -1], kv

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mobilerl.agent.policy import CompressedNode
+from mobilerl.agent.policy import CompressedNode, parse_compressed
 from mobilerl.agent.prompt import (
     OBSERVATION_MODES,
     PROMPT_STYLES,
@@ -48,7 +48,7 @@ from mobilerl.agent.prompt import (
     sharegpt_record,
 )
 from mobilerl.data.sft import check_action_weights, copies, framed_steps
-from mobilerl.data.step_instructions import element_label, element_name, screen_lines
+from mobilerl.data.step_instructions import element_label, element_name
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
@@ -258,7 +258,7 @@ class SimTeacher:
 
     def register(self, step: ExpertStep, fmt: PromptFormat = PromptFormat()) -> None:
         self._known[self._key(step.messages(fmt))] = _Known(step.action, step.instruction,
-                                                            screen_lines(step.xml_compressed), step.app)
+                                                            parse_compressed(step.xml_compressed), step.app)
 
     async def generate(self, requests: Sequence[ChatRequest], sampling: SamplingConfig) -> list[Generation]:
         out = []
