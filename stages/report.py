@@ -66,13 +66,17 @@ def offline_table(offline: dict) -> list[str]:
              "Each step of an expert rollout. High: the goal, with the expert's history (a wrong answer is replaced "
              "by the expert's action). Low: the step's own instruction (derived from the expert's action and screen, "
              "e.g. `Tap \"Wi-Fi\"`), no history. Table 8 rules: point in the predicted box, Type F1 > 0.5, swipe "
-             "direction, app name.", "",
-             "| policy | mode | episodes | steps | type acc | grounding acc | step SR | episode SR | invalid % | run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "direction, app name. Grounding misses, of the Tap / Long Press steps answered with the right action "
+             "type: *wrong element* — the predicted box is another element of the screen (a decision error); *off "
+             "element* — it is no element's box (a pointing error).", "",
+             "| policy | mode | episodes | steps | type acc | grounding acc | miss: wrong element | miss: off element "
+             "| step SR | episode SR | invalid % | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in _order(list(offline)):
         for mode, x in sorted(offline_modes(offline[p]).items()):
             lines.append(f"| {p} | {mode} | {x.get('n_episodes')} | {x.get('n_steps')} | "
                          f"{_pct(x.get('type_accuracy'))} | {_pct(x.get('grounding_accuracy_all'))} | "
+                         f"{_pct(x.get('grounding_wrong_element'))} | {_pct(x.get('grounding_off_element'))} | "
                          f"{_pct(x.get('step_success_rate'))} | {_pct(x.get('episode_success_rate'))} | "
                          f"{_pct(x.get('invalid_rate'))} | {_run(offline[p])} |")
     return lines + [""]

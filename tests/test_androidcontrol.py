@@ -14,6 +14,7 @@ from mobilerl.eval.androidcontrol import (
     from_androidcontrol,
     judge_response,
     judge_step,
+    miss_kind,
     run_androidcontrol,
     step_metrics,
     token_f1,
@@ -139,6 +140,23 @@ def test_step_metrics():
     assert m["invalid_rate"] == pytest.approx(1 / 5)
 
 
+def test_grounding_misses_tell_a_wrong_element_from_pointing_at_nothing():
+    gt = GTStep(tap((800, 2000, 1040, 2200)), (900, 2100))  # Compose
+    assert judge_step(gt, tap((800, 2000, 1040, 2200)), SCREEN).miss is None  # right: no miss
+    assert judge_step(gt, tap((0, 400, 1080, 600)), SCREEN).miss == "wrong_element"  # the Inbox row
+    assert judge_step(gt, tap((41, 151, 1039, 259)), SCREEN).miss == "wrong_element"  # Search, a pixel off (grid)
+    assert judge_step(gt, tap((300, 900, 700, 1100)), SCREEN).miss == "off_element"  # nothing is there
+    assert judge_step(gt, tap((40, 420, 300, 480)), SCREEN).miss == "off_element"  # half of Alice's box: IoU < 0.9
+    assert judge_step(gt, tap((300, 900, 700, 1100))).miss is None  # screen unknown: not classified
+    assert judge_step(gt, Action("Back"), SCREEN).miss is None  # a type error is not a grounding miss
+    assert miss_kind(None, SCREEN) == "off_element" and miss_kind((0, 400, 1080, 600), "") == "off_element"
+    js = [judge_step(gt, tap(b), SCREEN) for b in
+          [(800, 2000, 1040, 2200), (0, 400, 1080, 600), (40, 150, 1040, 260), (300, 900, 700, 1100)]]
+    m = step_metrics([*js, judge_step(gt, Action("Back"), SCREEN)])
+    assert m["grounding_accuracy"] == pytest.approx(1 / 4)
+    assert m["grounding_wrong_element"] == pytest.approx(2 / 4) and m["grounding_off_element"] == pytest.approx(1 / 4)
+
+
 def _episode(eid="ep1") -> ACEpisode:
     gts = [
         from_androidcontrol({"action_type": "open_app", "app_name": "Gmail"}),
@@ -183,6 +201,7 @@ def test_high_mode_replaces_wrong_predictions_with_ground_truth():
     assert pol.seen[2].history == (answers[0], f"<answer>{format_action(ep.actions[1].action)}</answer>")
     assert pol.seen[1].xml_compressed == SCREEN
     m = res.metrics
+    assert m["androidcontrol/high/grounding_wrong_element"] is None  # the miss was a type error (Back)
     assert m["androidcontrol/high/step_success_rate"] == pytest.approx(2 / 3)
     assert m["androidcontrol/high/episode_success_rate"] == 0.0
     assert m["androidcontrol/high/n_episodes"] == 1

@@ -119,7 +119,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         offline = [r for r in runs if r.info.run_name == "sft_reasoning_free/offline"]
         m = offline[0].data.metrics if offline else {}
         assert m.get("androidcontrol/high/n_steps", 0) > 0 and m["androidcontrol/low/n_steps"] == m["androidcontrol/high/n_steps"]
-        assert "Offline step accuracy" in report
+        assert "Offline step accuracy" in report and "| miss: wrong element | miss: off element |" in report
         assert "| sft_reasoning_free | high | 3 |" in report and "| sft_reasoning_free | low | 3 |" in report
 
         # Selective re-run: change the report's param only.

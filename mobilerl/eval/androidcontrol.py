@@ -24,6 +24,13 @@ Long Press steps whose predicted type matched: point inside box), ``grounding_ac
 over all GT Tap / Long Press steps), ``step_success_rate`` (type and argument rule), ``invalid_rate``
 (unparseable responses) and ``episode_success_rate`` (every step of the episode correct).
 
+Where a grounding step misses, *why* tells a decision error from a pointing error. When the step's screen
+is known, a miss whose predicted box is the box of an element on that screen (IoU >= 0.9: the grid
+round trip moves a box by a pixel or two) chose the wrong element (``wrong_element``); one that matches
+no element did not point at anything the screen shows (``off_element``). ``grounding_wrong_element`` and
+``grounding_off_element`` are their shares of the type-matched grounding steps, so with
+``grounding_accuracy`` they sum to 1.
+
 Modes (:func:`run_androidcontrol`): **low** — one single-turn call per step, the instruction is the step
 instruction, no history; **high** — the episode goal, with a history of previous turns, in which a wrong
 prediction is replaced by the ground-truth action (as a response, ``<answer>…</answer>``) so that later
@@ -167,16 +174,40 @@ def token_f1(pred: str, gold: str) -> float:
     return 2 * prec * rec / (prec + rec)
 
 
+MissKind = str  # "wrong_element" | "off_element"
+
+
 @dataclass(frozen=True)
 class StepJudgement:
     type_match: bool
     grounded: bool | None  # None unless the GT is Tap / Long Press
     success: bool
     invalid: bool = False
+    miss: MissKind | None = None  # a type-matched grounding miss on a known screen: see the module docstring
 
 
-def judge_step(gt: GTStep, pred: Action | None) -> StepJudgement:
-    """Apply Table 8's rule of ``gt``'s action type to a predicted action (``None``: unparseable)."""
+def _iou(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> float:
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    if w <= 0 or h <= 0:
+        return 0.0
+    inter = w * h
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def miss_kind(box: tuple[int, int, int, int] | None, screen: str) -> MissKind:
+    """``wrong_element`` if ``box`` is (IoU >= 0.9) the box of an element of the compressed ``screen``, else
+    ``off_element``."""
+    if box is not None and box[2] > box[0] and box[3] > box[1]:
+        if any(_iou(box, n.bounds) >= 0.9 for n in parse_compressed(screen)):
+            return "wrong_element"
+    return "off_element"
+
+
+def judge_step(gt: GTStep, pred: Action | None, screen: str | None = None) -> StepJudgement:
+    """Apply Table 8's rule of ``gt``'s action type to a predicted action (``None``: unparseable).
+    ``screen``: the step's compressed XML, in the predicted action's pixels; with it a grounding miss is
+    classified (:func:`miss_kind`)."""
     g = gt.action
     grounding = g.name in (A.TAP, A.LONG_PRESS)
     if pred is None:
@@ -186,7 +217,8 @@ def judge_step(gt: GTStep, pred: Action | None) -> StepJudgement:
     if grounding:
         point = gt.target_point
         ok = point is not None and pred.element is not None and _inside(point, pred.element)
-        return StepJudgement(True, ok, ok)
+        miss = None if ok or screen is None else miss_kind(pred.element, screen)
+        return StepJudgement(True, ok, ok, miss=miss)
     if g.name == A.SWIPE:
         ok = pred.direction == g.direction
     elif g.name == A.LAUNCH:
@@ -198,12 +230,12 @@ def judge_step(gt: GTStep, pred: Action | None) -> StepJudgement:
     return StepJudgement(True, None, ok)
 
 
-def judge_response(gt: GTStep, response: str) -> StepJudgement:
+def judge_response(gt: GTStep, response: str, screen: str | None = None) -> StepJudgement:
     try:
         pred = parse_action(response)
     except ActionParseError:
         pred = None
-    return judge_step(gt, pred)
+    return judge_step(gt, pred, screen)
 
 
 def step_metrics(judgements: Sequence[StepJudgement]) -> dict[str, float | int | None]:
@@ -218,6 +250,8 @@ def step_metrics(judgements: Sequence[StepJudgement]) -> dict[str, float | int |
         if ground_typed
         else None,
         "grounding_accuracy_all": sum(bool(j.grounded) for j in ground) / len(ground) if ground else None,
+        **{f"grounding_{kind}": sum(j.miss == kind for j in ground_typed) / len(ground_typed) if ground_typed else None
+           for kind in ("wrong_element", "off_element")},
         "step_success_rate": sum(j.success for j in judgements) / n if n else None,
         "invalid_rate": sum(j.invalid for j in judgements) / n if n else None,
     }
@@ -286,7 +320,7 @@ async def _run_episode(policy: Policy, ep: ACEpisode, mode: str, frame: str = "a
         resp = await policy.act(ctx)
         if not isinstance(resp, PolicyOutput):
             raise TypeError(f"{type(policy).__name__}.act returned {type(resp).__name__}, not PolicyOutput")
-        j = judge_response(gt, resp.text if resp.action_text is None else resp.action_text)
+        j = judge_response(gt, resp.text if resp.action_text is None else resp.action_text, xml_c)
         out.append(ACStepResult(ep.episode_id, i, resp.text, format_action(gt.action), j))
         history.append(resp.text if j.success else _gt_response(gt.action, ep, frame))
     return out
