@@ -67,8 +67,8 @@ def offline_table(offline: dict) -> list[str]:
              "by the expert's action). Low: the step's own instruction (derived from the expert's action and screen, "
              "e.g. `Tap \"Wi-Fi\"`), no history. Table 8 rules: point in the predicted box, Type F1 > 0.5, swipe "
              "direction, app name. Grounding misses, of the Tap / Long Press steps answered with the right action "
-             "type: *wrong element* — the predicted box is another element of the screen (a decision error); *off "
-             "element* — it is no element's box (a pointing error).", "",
+             "type: *wrong element* — the predicted box is another element of the screen (the wrong element was chosen "
+             "or looked up); *off element* — it is no element's box (the answer points at nothing shown).", "",
              "| policy | mode | episodes | steps | type acc | grounding acc | miss: wrong element | miss: off element "
              "| step SR | episode SR | invalid % | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

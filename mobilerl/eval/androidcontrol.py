@@ -24,10 +24,12 @@ Long Press steps whose predicted type matched: point inside box), ``grounding_ac
 over all GT Tap / Long Press steps), ``step_success_rate`` (type and argument rule), ``invalid_rate``
 (unparseable responses) and ``episode_success_rate`` (every step of the episode correct).
 
-Where a grounding step misses, *why* tells a decision error from a pointing error. When the step's screen
-is known, a miss whose predicted box is the box of an element on that screen (IoU >= 0.9: the grid
-round trip moves a box by a pixel or two) chose the wrong element (``wrong_element``); one that matches
-no element did not point at anything the screen shows (``off_element``). ``grounding_wrong_element`` and
+Where a grounding step misses, *why* separates choosing the wrong element from pointing at nothing. When
+the step's screen is known, a miss whose predicted box is the box of an element on that screen (IoU >=
+0.9: the grid round trip moves a box by a pixel or two) picked the wrong element (``wrong_element``: in
+high mode a wrong decision or a failed lookup of the right label; in low mode, where the instruction
+names the label, a failed lookup); one that matches no element points at nothing the screen shows
+(``off_element``). ``grounding_wrong_element`` and
 ``grounding_off_element`` are their shares of the type-matched grounding steps, so with
 ``grounding_accuracy`` they sum to 1.
 
@@ -50,7 +52,7 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
@@ -174,7 +176,7 @@ def token_f1(pred: str, gold: str) -> float:
     return 2 * prec * rec / (prec + rec)
 
 
-MissKind = str  # "wrong_element" | "off_element"
+MissKind = Literal["wrong_element", "off_element"]
 
 
 @dataclass(frozen=True)
