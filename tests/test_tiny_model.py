@@ -174,7 +174,7 @@ def test_twenty_steps_lower_the_loss(states, tokenizer, tmp_path):
     profile = Profile(
         model=SMALL,
         data=DataConfig(max_len=384, questions=12, ramp=0.0),
-        train=TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=1536, max_steps=20, log_every=5, probe_every=1000,
+        train=TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=1536, max_steps=20, log_every=5, probe_every=10,
                           probe_items=3, threads=2),
     )
     model, _, summary = pretrain(profile, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
@@ -182,6 +182,10 @@ def test_twenty_steps_lower_the_loss(states, tokenizer, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if r["type"] == "train"]
     assert summary["steps"] == 20 and losses[-1] < losses[0] - 0.5
+    probes = [r for r in rows if r["type"] == "probe"]  # kept apart from the "type" question kind's accuracy
+    assert [r["step"] for r in probes] == [10, 20]
+    assert all(0 <= v <= 1 for r in probes for v in r["accuracy"].values()) and "ground" in probes[0]["accuracy"]
+    assert set(probes[0]["items"]) == set(probes[0]["accuracy"])
     assert (tmp_path / "run" / "last.pt").exists()
     # resume: a second call continues from the checkpoint instead of starting over
     profile.train.max_steps = 22

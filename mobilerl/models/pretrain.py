@@ -12,8 +12,10 @@ Loss: weighted token cross-entropy, ``sum(w_t · CE_t) / sum(w_t)`` with ``w = 1
 
 Curves (one JSON object per line in ``<work>/curve.jsonl``): ``train`` rows (loss, answer-token
 accuracy, tokens/s, learning rate, screen window) every ``log_every`` steps and ``probe`` rows (held-out
-exact-answer accuracy per question kind, teacher-forced) every ``probe_every`` steps, both with the
-step, wall-clock minutes and tokens seen.
+exact-answer accuracy per question kind, teacher-forced, under ``accuracy``; item counts under ``items``)
+every ``probe_every`` steps, both with the step, wall-clock minutes and tokens seen. (Curves written before
+2026-11-22 have the accuracies flat in the row, where the ``type`` kind's accuracy replaced the row's
+``type: "probe"``.)
 """
 
 from __future__ import annotations
@@ -325,7 +327,10 @@ def pretrain(
             win = score_teacher_forced(model, processor, win_items, dcfg)
             acc.update({f"win_{k}": v for k, v in win.items() if not k.startswith("n_")})
         model.train()
-        row = {"type": "probe", "step": step, "minutes": round(minutes(), 2), "tokens": tokens, **acc}
+        # Nested: a question kind is called "type", which a flat row would write over the row's own "type".
+        row = {"type": "probe", "step": step, "minutes": round(minutes(), 2), "tokens": tokens,
+               "accuracy": {k: v for k, v in acc.items() if not k.startswith("n_")},
+               "items": {k[2:]: v for k, v in acc.items() if k.startswith("n_")}}
         write(row)
         log("probe " + " ".join(f"{k}={v:.3f}" for k, v in acc.items() if not k.startswith("n_")))
         return acc
