@@ -29,9 +29,8 @@ the step's screen is known, a miss whose predicted box is the box of an element 
 0.9: the grid round trip moves a box by a pixel or two) picked the wrong element (``wrong_element``: in
 high mode a wrong decision or a failed lookup of the right label; in low mode, where the instruction
 names the label, a failed lookup); one that matches no element points at nothing the screen shows
-(``off_element``). ``grounding_wrong_element`` and
-``grounding_off_element`` are their shares of the type-matched grounding steps, so with
-``grounding_accuracy`` they sum to 1.
+(``off_element``). ``grounding_wrong_element`` and ``grounding_off_element`` are their shares of the
+type-matched grounding steps, so with ``grounding_accuracy`` they sum to 1.
 
 Modes (:func:`run_androidcontrol`): **low** — one single-turn call per step, the instruction is the step
 instruction, no history; **high** — the episode goal, with a history of previous turns, in which a wrong
@@ -52,7 +51,7 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
@@ -253,7 +252,7 @@ def step_metrics(judgements: Sequence[StepJudgement]) -> dict[str, float | int |
         else None,
         "grounding_accuracy_all": sum(bool(j.grounded) for j in ground) / len(ground) if ground else None,
         **{f"grounding_{kind}": sum(j.miss == kind for j in ground_typed) / len(ground_typed) if ground_typed else None
-           for kind in ("wrong_element", "off_element")},
+           for kind in get_args(MissKind)},
         "step_success_rate": sum(j.success for j in judgements) / n if n else None,
         "invalid_rate": sum(j.invalid for j in judgements) / n if n else None,
     }
