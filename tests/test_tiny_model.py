@@ -276,3 +276,74 @@ def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
     assert lr_at(100, cfg, minutes=30) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
     assert lr_at(100, cfg, minutes=60) == pytest.approx(1e-4)
     assert lr_at(10_000, cfg, minutes=1) == pytest.approx(1e-4)
+
+
+def test_copy_pairs_point_each_copied_answer_token_at_its_source(states, processor):
+    """Attention-supervision targets: the position predicting a copied answer token → that token in the
+    prompt, inside the line (box, read value) or instruction span the answer comes from."""
+    from mobilerl.models.pretrain_data import random_spans
+
+    cfg = DataConfig(prompt="policy", questions=24, max_len=4096, weights={"ground": 1.0, "read": 1.0, "copy": 1.0})
+    tok = processor.tokenizer
+    seen = {"ground": 0, "read": 0, "copy": 0}
+    for i, st in enumerate(states[:30]):
+        spans = random_spans(st.instruction, random.Random(i), 3)
+        ex = build_example(st, random.Random(i), cfg, spans=spans)
+        enc = encode(ex, processor, cfg)
+        text = tok.decode(enc.input_ids)
+        screen_at = text.index(ex.lines[0])
+        for q, k in enc.attn_pairs:
+            assert enc.input_ids[q + 1] == enc.input_ids[k] and k < q
+        for turn, (s, e, kind) in enumerate(enc.answer_spans):
+            pairs = [(q, k) for q, k in enc.attn_pairs if s - 1 <= q < e - 1]
+            src = ex.sources[turn]
+            if src is None:
+                assert not pairs
+                continue
+            if kind in seen and pairs:
+                seen[kind] += 1
+            src_text = tok.decode(enc.input_ids[min(k for _, k in pairs):max(k for _, k in pairs) + 1]) if pairs else ""
+            if kind == "ground":  # the four numbers of the box, copied from the target line, in order
+                assert len(pairs) == 4 and [k for _, k in pairs] == sorted(k for _, k in pairs)
+                line = ex.lines[src[1]]
+                assert src_text in line and text.index(ex.lines[0]) >= screen_at
+                box = parse_action(tok.decode(enc.input_ids[s:e]).split("<answer>")[1].split("</answer>")[0])
+                assert line.endswith(f"[{box.element[0]},{box.element[1]}][{box.element[2]},{box.element[3]}]")
+            elif kind == "read" and pairs:
+                assert src_text.strip() in ex.lines[src[1]]
+            elif kind == "copy" and pairs:
+                assert src_text.strip() in st.instruction
+    assert seen["ground"] > 10 and seen["read"] > 5 and seen["copy"] > 0, seen
+
+
+def test_attention_supervision_points_a_head_without_changing_the_forward(states, tokenizer, processor):
+    from mobilerl.models.pretrain import collate, disable_attention_capture, enable_attention_capture, loss_fn
+
+    torch.manual_seed(0)
+    model = tiny.build_model(SMALL, tokenizer)
+    cfg = DataConfig(prompt="policy", questions=12, max_len=768, weights={"ground": 1.0, "read": 1.0})
+    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg) for i, st in enumerate(states[:4])]
+    ids_ = tiny.special_ids(tokenizer)
+    ids, w, extra = collate(encs, ids_["pad"], ids_["image"])
+    assert extra["attn_pairs"].shape[1] == 3 and len(extra["attn_pairs"]) > 20
+    model.eval()
+    with torch.no_grad():
+        plain, _ = loss_fn(model, ids, w, extra)
+        cap = enable_attention_capture(model, -1)
+        attn = {"capture": cap, "weight": 1.0, "heads": 1}
+        captured, stats = loss_fn(model, ids, w, extra, attn)
+        lm_only, _ = loss_fn(model, ids, w, extra)
+    assert torch.allclose(plain, lm_only) and cap["q"].shape[:3] == (len(encs), SMALL.num_attention_heads, ids.shape[1])
+    assert captured > plain and stats["attn_pairs"] == len(extra["attn_pairs"])
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss, stats = loss_fn(model, ids, w, extra, attn)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        first = first or stats
+    assert stats["attn_loss"] < first["attn_loss"] - 1.0 and stats["attn_acc"] > first["attn_acc"] + 0.2
+    disable_attention_capture(model)
+    assert model.config._attn_implementation == "sdpa"

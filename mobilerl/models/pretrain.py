@@ -55,6 +55,12 @@ class TrainConfig:
     save_every_minutes: float = 10.0
     threads: int = 2
     seed: int = 0
+    # Attention supervision: weight of a loss that points heads of one layer, at the position predicting a
+    # copied answer token (a box number, a read value, a span word), at that token's source in the prompt
+    # (Encoded.attn_pairs). 0: off. A training signal only: the model's architecture is unchanged.
+    attn_sup: float = 0.0
+    attn_sup_layer: int = -1  # which decoder layer (negative: from the top)
+    attn_sup_heads: int = 1  # how many of its heads (the first ones)
 
 
 @dataclass
@@ -115,7 +121,8 @@ def load_profile(path: Path | str, overrides: Sequence[str] = ()) -> Profile:
 
 
 def collate(encs: Sequence[Encoded], pad_id: int, image_id: int):
-    """Right-padded batch: ids (B, T), weights (B, T), optional image tensors."""
+    """Right-padded batch: ids (B, T), weights (B, T), and the model's extra inputs (image tensors), where
+    ``extra["attn_pairs"]`` (N, 3: row, query, key) holds the attention-supervision targets."""
     import torch
 
     T = max(len(e.input_ids) for e in encs)
@@ -131,6 +138,8 @@ def collate(encs: Sequence[Encoded], pad_id: int, image_id: int):
         extra["pixel_values"] = torch.cat([e.pixel_values for e in images])
         extra["image_grid_thw"] = torch.cat([e.image_grid_thw for e in images])
         extra["mm_token_type_ids"] = (ids == image_id).long()
+    pairs = [(b, q, k) for b, e in enumerate(encs) for q, k in e.attn_pairs]
+    extra["attn_pairs"] = torch.tensor(pairs, dtype=torch.long).reshape(-1, 3)
     return ids, w, extra
 
 
@@ -162,11 +171,74 @@ def length_bucketed(encs: Iterator[Encoded], batch_tokens: int, rng: random.Rand
         yield from out
 
 
-def loss_fn(model: Any, ids, w, extra: dict[str, Any]):
-    """Weighted next-token CE over positions with weight > 0; returns (loss, answer stats)."""
+_CAPTURE_ATTN = "mobilerl_sdpa_capture"
+
+
+def _capturing_sdpa(module: Any, query: Any, key: Any, *args: Any, **kwargs: Any):
+    """transformers' SDPA attention that also keeps the (post-RoPE) queries and keys of a module marked
+    with a ``_mobilerl_capture`` dict, for :func:`attention_loss`."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cap = getattr(module, "_mobilerl_capture", None)
+    if cap is not None:
+        cap["q"], cap["k"] = query, key
+    return sdpa_attention_forward(module, query, key, *args, **kwargs)
+
+
+def enable_attention_capture(model: Any, layer: int) -> dict[str, Any]:
+    """Route the model's attention through :func:`_capturing_sdpa` and mark decoder ``layer``; returns the
+    dict its queries and keys land in on every forward. Outputs are unchanged (it is SDPA)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_CAPTURE_ATTN, _capturing_sdpa)
+    model.set_attn_implementation(_CAPTURE_ATTN)
+    layers = model.model.language_model.layers
+    for m in layers:
+        m.self_attn._mobilerl_capture = None
+    cap: dict[str, Any] = {}
+    layers[layer].self_attn._mobilerl_capture = cap
+    return cap
+
+
+def disable_attention_capture(model: Any) -> None:
+    for m in model.model.language_model.layers:
+        m.self_attn._mobilerl_capture = None
+    model.set_attn_implementation("sdpa")
+
+
+def attention_loss(q: Any, k: Any, pairs: Any, heads: int, scaling: float) -> tuple[Any, float]:
+    """Mean NLL of the attention of ``heads`` heads at each pair's query position on its key position.
+
+    ``q``, ``k``: (B, H, T, D) post-RoPE (no grouped-query attention); ``pairs``: (N, 3) row, query, key.
+    Returns (loss, share of (pair, head) whose top-attended position is the key)."""
+    import torch
+
+    losses, hits, n = [], 0, 0
+    for b in pairs[:, 0].unique().tolist():
+        sel = pairs[pairs[:, 0] == b]
+        qp, kp = sel[:, 1], sel[:, 2]
+        scores = torch.einsum("hnd,htd->hnt", q[b, :heads, qp], k[b, :heads]) * scaling  # (h, n, T)
+        future = torch.arange(k.shape[2]).unsqueeze(0) > qp.unsqueeze(1)  # (n, T): causal
+        scores = scores.masked_fill(future.unsqueeze(0), float("-inf"))
+        logp = scores.log_softmax(-1)
+        idx = kp.view(1, -1, 1).expand(scores.shape[0], -1, 1)
+        losses.append(-logp.gather(-1, idx).squeeze(-1).reshape(-1))
+        with torch.no_grad():
+            hits += int((scores.argmax(-1) == kp.unsqueeze(0)).sum())
+            n += scores.shape[0] * scores.shape[1]
+    return torch.cat(losses).mean(), hits / max(n, 1)
+
+
+def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | None = None):
+    """Weighted next-token CE over positions with weight > 0; returns (loss, answer stats).
+
+    ``attn``: attention supervision, ``{"capture": dict from enable_attention_capture, "weight": float,
+    "heads": int}``; adds ``weight`` × :func:`attention_loss` over ``extra["attn_pairs"]``."""
     import torch
     import torch.nn.functional as F
 
+    extra = dict(extra)
+    pairs = extra.pop("attn_pairs", None)
     # Right padding needs no attention mask under causal attention: no real token attends a pad.
     hidden = model.model(input_ids=ids, use_cache=False, **extra).last_hidden_state  # (B, T, H)
     tw = w[:, 1:]  # weight of predicting token t+1 from position t
@@ -184,6 +256,12 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any]):
             "answer_tokens": int(ans.sum()),
             "weighted_tokens": int(sel.sum()),
         }
+    if attn is not None and pairs is not None and len(pairs):
+        cap = attn["capture"]
+        head_dim = cap["q"].shape[-1]
+        a_loss, a_acc = attention_loss(cap["q"], cap["k"], pairs, attn["heads"], head_dim ** -0.5)
+        loss = loss + attn["weight"] * a_loss
+        stats.update({"attn_loss": a_loss.item(), "attn_acc": a_acc, "attn_pairs": int(len(pairs))})
     return loss, stats
 
 
@@ -335,6 +413,11 @@ def pretrain(
         log("probe " + " ".join(f"{k}={v:.3f}" for k, v in acc.items() if not k.startswith("n_")))
         return acc
 
+    attn = None
+    if cfg.attn_sup > 0:
+        attn = {"capture": enable_attention_capture(model, cfg.attn_sup_layer), "weight": cfg.attn_sup,
+                "heads": cfg.attn_sup_heads}
+        log(f"attention supervision: weight {cfg.attn_sup}, layer {cfg.attn_sup_layer}, {cfg.attn_sup_heads} head(s)")
     model.train()
     last_probe: dict[str, float] = {}
     last = min(cfg.max_steps, cfg.stop_step or cfg.max_steps)
@@ -344,7 +427,7 @@ def pretrain(
         lr = lr_at(step, cfg, minutes())
         for g in opt.param_groups:
             g["lr"] = lr
-        loss, stats = loss_fn(model, ids, w, extra)
+        loss, stats = loss_fn(model, ids, w, extra, attn)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -363,7 +446,8 @@ def pretrain(
                    "answer_frac": stats["answer_tokens"] / ids.numel(), **stats}
             write(row)
             log(f"step {step} {row['minutes']:.1f}min loss {row['loss']:.3f} ans_loss {stats['answer_loss']:.3f} "
-                f"ans_acc {stats['answer_acc']:.3f} {row['tok_per_s']:.0f} tok/s T={ids.shape[1]} B={ids.shape[0]}")
+                f"ans_acc {stats['answer_acc']:.3f} {row['tok_per_s']:.0f} tok/s T={ids.shape[1]} B={ids.shape[0]}"
+                + (f" attn_loss {stats['attn_loss']:.3f} attn_acc {stats['attn_acc']:.3f}" if "attn_loss" in stats else ""))
             window, win_tokens, t_win = [], 0, time.time()
         if step % cfg.probe_every == 0:
             last_probe = run_probe()
@@ -374,6 +458,8 @@ def pretrain(
     if not last_probe or step % cfg.probe_every:
         last_probe = run_probe()
     curve.close()
+    if attn is not None:
+        disable_attention_capture(model)
     model.eval()
     summary = {"steps": step, "tokens": tokens, "minutes": round(minutes(), 2), "probe_teacher_forced": last_probe,
                "params": tiny.n_params(model), "text_params": tiny.n_params(model, True)}

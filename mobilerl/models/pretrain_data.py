@@ -333,11 +333,28 @@ def expert_answer(state: ScreenState, nodes: Sequence[UINode], coords: Coords, g
     return format_action(a)
 
 
+def _action_source(state: ScreenState, nodes: Sequence[UINode]) -> tuple[str, int, str] | None:
+    """The source of the expert's action for attention supervision: the line whose box it taps, or the
+    instruction span it types."""
+    assert state.action is not None
+    a = A.parse_action(state.action)
+    if a.element is not None:
+        i = next((i for i, n in enumerate(nodes) if n.bounds == a.element), None)
+        return None if i is None else ("box", i, "")
+    if a.name == A.TYPE and a.text and a.text in state.instruction:
+        return ("instruction", 0, a.text)
+    return None
+
+
 @dataclass(frozen=True)
 class QA:
     kind: str
     question: str
     answer: str
+    # Where in the prompt the answer's words are copied from, for attention supervision (pretrain.py,
+    # ``train.attn_sup``): ("box", i, "") the box of screen line i, ("label", i, "") its label, or
+    # ("instruction", 0, span) the span's first occurrence in the instruction. None: not a copy.
+    source: tuple[str, int, str] | None = None
 
 
 def quote_label(s: str) -> str:
@@ -440,7 +457,7 @@ def copy_qas(instruction: str, spans: Sequence[str], near: float = 0.0, rng: ran
                 question = f"type after {quote_label(cue)}"
                 if near > 0 and (rng or random).random() < near:
                     question += f" in: {instruction}"
-                out.append(QA("copy", question, format_action(Action(A.TYPE, text=span))))
+                out.append(QA("copy", question, format_action(Action(A.TYPE, text=span)), ("instruction", 0, span)))
                 break
     return out
 
@@ -466,10 +483,12 @@ def make_qas(
     names = _unique_names(nodes)
     pools: dict[str, list[QA]] = {k: [] for k in ALL_KINDS}
     for name, i in names.items():
-        pools["ground"].append(QA("ground", f"tap {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
+        box = ("box", i, "") if grounding == "bbox" else None
+        pools["ground"].append(QA("ground", f"tap {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding),
+                                  box))
         nxt = next((j for j in range(i + 1, len(nodes)) if nodes[j].label), None)
         if nxt is not None and len(nodes[nxt].label) <= MAX_READ_CHARS and name == nodes[i].label:
-            pools["read"].append(QA("read", f"read {quote_label(name)}", nodes[nxt].label))
+            pools["read"].append(QA("read", f"read {quote_label(name)}", nodes[nxt].label, ("label", nxt, "")))
     for i, nd in enumerate(nodes):
         if "checkable" in nd.flags:
             name = _checkable_name(nodes, i)
@@ -480,7 +499,8 @@ def make_qas(
         pools["app"].append(QA("app", "app?", state.app))
         on_names = set(names)
         for name, i in names.items():
-            pools["find"].append(QA("find", f"find {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding)))
+            pools["find"].append(QA("find", f"find {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding),
+                                    ("box", i, "") if grounding == "bbox" else None))
         off_count: dict[str, int] = {}
         for nd in state.offscreen:
             off_count[nd.label] = off_count.get(nd.label, 0) + 1
@@ -495,10 +515,11 @@ def make_qas(
         if state.action and state.action.startswith('do(action="Type"'):
             text = A.parse_action(state.action).text or ""
             if text and text in state.instruction:
-                pools["type"].append(QA("type", "type?", state.action))
+                pools["type"].append(QA("type", "type?", state.action, ("instruction", 0, text)))
         pools["copy"].extend(copy_qas(state.instruction, spans, near_copy, rng))
         if state.action:
-            pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding)))
+            pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding),
+                                   _action_source(state, nodes) if grounding == "bbox" else None))
     weights = weights or {k: 1.0 for k in KINDS}
     for pool in pools.values():
         rng.shuffle(pool)
@@ -561,6 +582,10 @@ class Example:
     messages: list[dict[str, Any]]
     kinds: list[str]
     image: bytes | None = None
+    # For attention supervision: each answer's QA.source, the screen lines and the instruction shown.
+    sources: list[tuple[str, int, str] | None] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    instruction: str = ""
 
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -618,7 +643,8 @@ def build_example(
         state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions, spans,
         cfg.near_copy,
     )
-    screen = render_screen(nodes, state.width, state.height, cfg.coords, numbered)
+    lines = [render_line(n, state.width, state.height, cfg.coords, i if numbered else None) for i, n in enumerate(nodes)]
+    screen = "\n".join(lines)  # = render_screen(nodes, ...)
     with_image = state.png is not None and rng.random() < cfg.image_prob
     msgs: list[dict[str, Any]] = []
     if qas and cfg.prompt == "policy" and rng.random() < cfg.system_prob:
@@ -627,7 +653,8 @@ def build_example(
         user = (prompt_text(state, screen, with_image, cfg) if j == 0 else "") + qa.question
         msgs.append({"role": "user", "content": user})
         msgs.append({"role": "assistant", "content": wrap_answer(qa, cfg)})
-    return Example(msgs, [qa.kind for qa in qas], state.png if with_image else None)
+    return Example(msgs, [qa.kind for qa in qas], state.png if with_image else None, [qa.source for qa in qas],
+                   lines, state.instruction)
 
 
 def chat_text(messages: Sequence[dict[str, Any]]) -> str:
@@ -642,6 +669,9 @@ class Encoded:
     answer_spans: list[tuple[int, int, str]]  # (start, end) token positions of each answer, its kind
     pixel_values: Any = None
     image_grid_thw: Any = None
+    # (query, key) token positions: the position that predicts a copied answer token, and that token's
+    # source in the prompt (attention supervision; text-only sequences).
+    attn_pairs: list[tuple[int, int]] = field(default_factory=list)
 
 
 def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | None = None) -> Encoded:
@@ -659,7 +689,8 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
         ids = enc["input_ids"][0].tolist()
         pixel_values, grid = enc["pixel_values"], enc["image_grid_thw"]
     else:
-        ids = tok(text, add_special_tokens=False)["input_ids"]
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
         pixel_values = grid = None
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     header = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
@@ -691,7 +722,77 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
         # Keep whole turns: end right after the last answer that fits (its <|im_end|>).
         cut = spans[-1][1] if spans else min(cut, limit)
         ids, weights = ids[:cut], weights[:cut]
-    return Encoded(ids, weights, spans, pixel_values, grid)
+    pairs = copy_pairs(example, text, ids, offsets, spans, tok) if example.image is None and example.sources else []
+    return Encoded(ids, weights, spans, pixel_values, grid, pairs)
+
+
+def _source_chars(example: Example, text: str) -> list[tuple[int, int] | None]:
+    """Each answer's source as a character range of ``text`` (None where it has none or is not found)."""
+    starts: list[int] = []
+    at = 0
+    for line in example.lines:  # the screen lines, in order, in the first user turn
+        at = text.find(line, at)
+        if at < 0:
+            starts = []
+            break
+        starts.append(at)
+        at += len(line)
+    instr = example.instruction.strip()
+    instr_at = text.find(instr) if instr else -1
+    out: list[tuple[int, int] | None] = []
+    for src in example.sources:
+        r = None
+        if src is not None:
+            what, i, span = src
+            if what in ("box", "label") and starts and 0 <= i < len(starts):
+                line = example.lines[i]
+                if what == "box":
+                    b = line.rfind(";[") + 1
+                    r = (starts[i] + b, starts[i] + len(line))
+                else:  # Class;flags;label;[box]: the label starts after the second ';'
+                    b = line.index(";", line.index(";") + 1) + 1
+                    e = line.rfind(";[")
+                    r = (starts[i] + b, starts[i] + e) if e > b else None
+            elif what == "instruction" and instr_at >= 0 and span:
+                k = instr.find(span)
+                r = (instr_at + k, instr_at + k + len(span)) if k >= 0 else None
+        out.append(r)
+    return out
+
+
+_CONTENT: dict[tuple[int, int], bool] = {}
+
+
+def _is_content(tok: Any, t: int) -> bool:
+    """Whether token ``t`` holds a letter or digit (punctuation is not supervised: it repeats everywhere)."""
+    key = (id(tok), t)
+    if key not in _CONTENT:
+        _CONTENT[key] = any(c.isalnum() for c in tok.decode([t]))
+    return _CONTENT[key]
+
+
+def copy_pairs(example: Example, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
+               spans: Sequence[tuple[int, int, str]], tok: Any) -> list[tuple[int, int]]:
+    """Attention targets for answers that copy from the prompt: for each letter/digit token of such an
+    answer, (the position that predicts it, the position of the same token in its source), matched in
+    order. A source token that the answer spells differently (a word-initial space) is skipped."""
+    chars = _source_chars(example, text)
+    pairs: list[tuple[int, int]] = []
+    for turn, (s, e, _) in enumerate(spans):
+        r = chars[turn] if turn < len(chars) else None
+        if r is None:
+            continue
+        src = [j for j in range(s) if offsets[j][1] > r[0] and offsets[j][0] < r[1]]
+        cur = 0
+        for a in range(s, e):
+            if not _is_content(tok, ids[a]):
+                continue
+            j = next((x for x in range(cur, len(src)) if ids[src[x]] == ids[a]), None)
+            if j is None:
+                continue
+            pairs.append((a - 1, src[j]))
+            cur = j + 1
+    return pairs
 
 
 _WORD = re.compile(r"[A-Za-z]{2,}")
