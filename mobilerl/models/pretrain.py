@@ -375,7 +375,8 @@ def pretrain(
     progress = {"p": step / max(1, cfg.max_steps)}
     stream = stream_examples(train_states, dcfg, seed=cfg.seed * 1_000_003 + step, progress=lambda: progress["p"])
     batches = length_bucketed(
-        (e for e in (encode(x, processor, dcfg) for x in stream) if e.answer_spans), cfg.batch_tokens,
+        (e for e in (encode(x, processor, dcfg, attn_pairs=cfg.attn_sup > 0) for x in stream) if e.answer_spans),
+        cfg.batch_tokens,
         random.Random(cfg.seed + step),
     )
     curve = (work / "curve.jsonl").open("a")

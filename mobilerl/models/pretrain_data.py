@@ -282,11 +282,18 @@ def render_line(n: UINode, width: int, height: int, coords: Coords = "rel", inde
     return line if index is None else f"[{index}] {line}"
 
 
+def render_lines(
+    nodes: Sequence[UINode], width: int, height: int, coords: Coords = "rel", numbered: bool = False
+) -> list[str]:
+    """The lines of :func:`render_screen`."""
+    return [render_line(n, width, height, coords, i if numbered else None) for i, n in enumerate(nodes)]
+
+
 def render_screen(
     nodes: Sequence[UINode], width: int, height: int, coords: Coords = "rel", numbered: bool = False
 ) -> str:
     """The screen text: :func:`mobilerl.env.xml.compress_xml` output, optionally on the 0-999 grid."""
-    return "\n".join(render_line(n, width, height, coords, i if numbered else None) for i, n in enumerate(nodes))
+    return "\n".join(render_lines(nodes, width, height, coords, numbered))
 
 
 def tap_answer(
@@ -482,8 +489,9 @@ def make_qas(
     w, h = state.width, state.height
     names = _unique_names(nodes)
     pools: dict[str, list[QA]] = {k: [] for k in ALL_KINDS}
+    copies_box = grounding == "bbox"  # an index answer copies no token of the screen
     for name, i in names.items():
-        box = ("box", i, "") if grounding == "bbox" else None
+        box = ("box", i, "") if copies_box else None
         pools["ground"].append(QA("ground", f"tap {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding),
                                   box))
         nxt = next((j for j in range(i + 1, len(nodes)) if nodes[j].label), None)
@@ -500,7 +508,7 @@ def make_qas(
         on_names = set(names)
         for name, i in names.items():
             pools["find"].append(QA("find", f"find {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding),
-                                    ("box", i, "") if grounding == "bbox" else None))
+                                    ("box", i, "") if copies_box else None))
         off_count: dict[str, int] = {}
         for nd in state.offscreen:
             off_count[nd.label] = off_count.get(nd.label, 0) + 1
@@ -515,11 +523,11 @@ def make_qas(
         if state.action and state.action.startswith('do(action="Type"'):
             text = A.parse_action(state.action).text or ""
             if text and text in state.instruction:
-                pools["type"].append(QA("type", "type?", state.action, ("instruction", 0, text)))
+                pools["type"].append(QA("type", "type?", state.action, _action_source(state, nodes)))
         pools["copy"].extend(copy_qas(state.instruction, spans, near_copy, rng))
         if state.action:
             pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding),
-                                   _action_source(state, nodes) if grounding == "bbox" else None))
+                                   _action_source(state, nodes) if copies_box else None))
     weights = weights or {k: 1.0 for k in KINDS}
     for pool in pools.values():
         rng.shuffle(pool)
@@ -643,7 +651,7 @@ def build_example(
         state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions, spans,
         cfg.near_copy,
     )
-    lines = [render_line(n, state.width, state.height, cfg.coords, i if numbered else None) for i, n in enumerate(nodes)]
+    lines = render_lines(nodes, state.width, state.height, cfg.coords, numbered)
     screen = "\n".join(lines)  # = render_screen(nodes, ...)
     with_image = state.png is not None and rng.random() < cfg.image_prob
     msgs: list[dict[str, Any]] = []
@@ -674,8 +682,10 @@ class Encoded:
     attn_pairs: list[tuple[int, int]] = field(default_factory=list)
 
 
-def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | None = None) -> Encoded:
+def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | None = None,
+           attn_pairs: bool = False) -> Encoded:
     """Tokenize through the processor; weight answers 1 and other text ``lm_weight``; cut at ``max_len``.
+    ``attn_pairs``: also compute :attr:`Encoded.attn_pairs` (:func:`copy_pairs`; text-only examples).
 
     The cut keeps whole question/answer turns (the sequence ends after an ``<|im_end|>``).
     """
@@ -689,8 +699,8 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
         ids = enc["input_ids"][0].tolist()
         pixel_values, grid = enc["pixel_values"], enc["image_grid_thw"]
     else:
-        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=attn_pairs)
+        ids, offsets = enc["input_ids"], enc.get("offset_mapping")
         pixel_values = grid = None
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     header = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
@@ -722,7 +732,8 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
         # Keep whole turns: end right after the last answer that fits (its <|im_end|>).
         cut = spans[-1][1] if spans else min(cut, limit)
         ids, weights = ids[:cut], weights[:cut]
-    pairs = copy_pairs(example, text, ids, offsets, spans, tok) if example.image is None and example.sources else []
+    with_pairs = attn_pairs and example.image is None and example.sources
+    pairs = copy_pairs(example, text, ids, offsets, spans, tok) if with_pairs else []
     return Encoded(ids, weights, spans, pixel_values, grid, pairs)
 
 
