@@ -347,3 +347,27 @@ def test_attention_supervision_points_a_head_without_changing_the_forward(states
     assert stats["attn_loss"] < first["attn_loss"] - 1.0 and stats["attn_acc"] > first["attn_acc"] + 0.2
     disable_attention_capture(model)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_next_action_turn_is_the_policy_prompt_exactly(states):
+    """With ``prompt: policy`` the expert's-next-action question (``act``) is asked as the policy itself is
+    asked: the first user turn is ``mobilerl.agent.prompt``'s user prompt, no question after it, with the
+    SFT's history window and system prompt style; the answer is the expert's action in the answer tag."""
+    from mobilerl.agent import prompt
+    from mobilerl.models.pretrain_data import expert_answer, history_responses, render_screen
+
+    cfg = DataConfig(prompt="policy", questions=6, system_prob=1.0, max_history=2, system_style="compact",
+                     weights={"ground": 1.0, "read": 1.0, "act": 50.0})
+    on_policy = [s for s in states if s.action and len(s.history) > 2]
+    assert on_policy
+    for i, st in enumerate(on_policy[:10]):
+        ex = build_example(st, random.Random(i), cfg)
+        assert ex.kinds[0] == "act" and ex.kinds.count("act") == 1
+        sys_msg, user, answer = ex.messages[:3]
+        assert sys_msg == {"role": "system", "content": prompt.system_prompt("xml", style="compact")}
+        screen = render_screen(st.nodes, st.width, st.height, cfg.coords, False)
+        assert user["content"] == prompt.user_prompt(st.instruction, history_responses(st, cfg.coords), screen,
+                                                     app=st.app, mode="xml", max_history=2)
+        assert "Step 1:" not in user["content"] and f"Step {len(st.history)}:" in user["content"]
+        assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, cfg.coords, cfg.grounding)}</answer>"
+        assert all(not m["content"].startswith("Task:") for m in ex.messages[3::2])  # later turns: question only

@@ -573,6 +573,8 @@ class DataConfig:
     random_spans: int = 0  # extra random instruction spans per screen offered as copy questions
     novel_spans: float = 0.0  # share of sequences whose instruction spans are replaced by random words
     near_copy: float = 0.0  # share of copy questions that restate the instruction right after the cue
+    max_history: int | None = None  # policy prompt: previous actions shown (None: all; SFT's sft_data.max_history)
+    system_style: str = "full"  # policy prompt: style of the system prompt (mobilerl.agent.prompt.PROMPT_STYLES)
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -620,14 +622,14 @@ def prompt_text(state: ScreenState, screen: str, with_image: bool = False, cfg: 
     from mobilerl.agent import prompt
 
     text = prompt.user_prompt(state.instruction, history_responses(state, cfg.coords), screen, app=state.app,
-                              mode="xml")
+                              mode="xml", max_history=cfg.max_history)
     return img + text + "\n"
 
 
 def system_message(cfg: DataConfig) -> dict[str, str]:
     from mobilerl.agent import prompt
 
-    return {"role": "system", "content": prompt.system_prompt("xml")}
+    return {"role": "system", "content": prompt.system_prompt("xml", style=cfg.system_style)}
 
 
 def wrap_answer(qa: QA, cfg: DataConfig) -> str:
@@ -651,6 +653,9 @@ def build_example(
         state, nodes, rng, cfg.coords, cfg.grounding, full, cfg.weights, n_questions or cfg.questions, spans,
         cfg.near_copy,
     )
+    if cfg.prompt == "policy":
+        # The next-action question is the policy's own turn: first, with no question after the prompt.
+        qas.sort(key=lambda qa: qa.kind != "act")
     lines = render_lines(nodes, state.width, state.height, cfg.coords, numbered)
     screen = "\n".join(lines)  # = render_screen(nodes, ...)
     with_image = state.png is not None and rng.random() < cfg.image_prob
@@ -658,7 +663,10 @@ def build_example(
     if qas and cfg.prompt == "policy" and rng.random() < cfg.system_prob:
         msgs.append(system_message(cfg))
     for j, qa in enumerate(qas):
-        user = (prompt_text(state, screen, with_image, cfg) if j == 0 else "") + qa.question
+        if cfg.prompt == "policy" and qa.kind == "act":
+            user = prompt_text(state, screen, with_image, cfg).rstrip("\n")  # exactly the policy's user turn
+        else:
+            user = (prompt_text(state, screen, with_image, cfg) if j == 0 else "") + qa.question
         msgs.append({"role": "user", "content": user})
         msgs.append({"role": "assistant", "content": wrap_answer(qa, cfg)})
     return Example(msgs, [qa.kind for qa in qas], state.png if with_image else None, [qa.source for qa in qas],
