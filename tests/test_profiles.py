@@ -63,6 +63,20 @@ def test_llamafactory_accepts_the_arguments(name, tmp_path):
     assert finetuning.freeze_vision_tower == p.sft.freeze_vision_tower
 
 
+def test_overrides_of_profile_fields_go_through_the_profile(tmp_path):
+    """An override named like an ``sft:`` field (``min_lr``) replaces it, validated; other keys pass to
+    LLaMA-Factory as they are."""
+    from pydantic import ValidationError
+
+    p = load_profile("tiny")
+    kw = dict(dataset="d", dataset_dir=tmp_path, output_dir=tmp_path / "out", model_path=tmp_path / "w")
+    args = train_args(p, overrides={"learning_rate": 3e-4, "min_lr": 3e-5, "save_steps": 7}, **kw)
+    assert args["learning_rate"] == 3e-4 and args["lr_scheduler_kwargs"] == {"min_lr": 3e-5}
+    assert "min_lr" not in args and args["save_steps"] == 7
+    with pytest.raises(ValidationError, match="min_lr"):
+        train_args(p, overrides={"min_lr": 1.0}, **kw)  # above the learning rate
+
+
 def test_read_result_parses_the_trainer_log(tmp_path):
     (tmp_path / "trainer_log.jsonl").write_text(
         '{"current_steps": 1, "total_steps": 2, "loss": 3.5}\n{"current_steps": 2, "total_steps": 2, "loss": 2.0}\n')

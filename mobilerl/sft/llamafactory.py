@@ -64,8 +64,15 @@ def train_args(
     overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """LLaMA-Factory ``train`` arguments for an SFT run of ``profile`` on ``dataset`` (a name in
-    ``dataset_dir/dataset_info.json``), starting from ``model_path`` (default: the profile's weights)."""
+    ``dataset_dir/dataset_info.json``), starting from ``model_path`` (default: the profile's weights).
+
+    ``overrides`` named like a field of the profile's ``sft:`` section (``min_lr``, ``learning_rate``, ...)
+    replace that field, validated as the profile is; other keys are LLaMA-Factory arguments as they are."""
+    overrides = dict(overrides or {})
     s = profile.sft
+    own = {k: overrides.pop(k) for k in list(overrides) if k in type(s).model_fields}
+    if own:
+        s = type(s).model_validate({**s.model_dump(), **own})
     args: dict[str, Any] = {
         "model_name_or_path": str(model_path or profile.weights_path),
         "trust_remote_code": True,
@@ -109,7 +116,7 @@ def train_args(
         args["deepspeed"] = str(ROOT / s.deepspeed)
     if profile.dtype == "fp32":
         args["use_cpu"] = not _cuda()
-    args.update(overrides or {})
+    args.update(overrides)
     return args
 
 
