@@ -27,6 +27,9 @@ this module makes the equivalent corpus for the tiny profile, from the simulator
    find      ``find "Guitar idea"`` the tap if on screen, else the swipe that scrolls towards it
    type      ``type?``              the expert's ``do(action="Type", text=…)`` at this screen when its
                                     text is a span of the instruction (span copy)
+   act       (none: the policy's    the expert's next action at this screen, ``<answer>…</answer>``
+             own turn)              (off by default; with ``prompt: policy`` asked first, exactly as
+                                    the policy is asked, see :func:`build_example`)
    ========  =====================  ===========================================================
 
 4. **Sequences** (:func:`build_example`): ``user: Task + Screen + q1 / assistant: a1 / user: q2 / …``
@@ -57,8 +60,8 @@ from mobilerl.env.xml import UINode, compress_nodes
 Grounding = Literal["bbox", "index"]
 Coords = Literal["rel", "abs"]
 KINDS: tuple[str, ...] = ("ground", "read", "checked", "app", "find", "copy", "type")
-# "act" (the expert's next action, i.e. behaviour cloning) is not pretraining data: it exists for the
-# SFT counterfactual experiments (docs/tiny_base.md), which reuse this harness.
+# "act": the expert's next action (behaviour cloning on train-split expert screens), weight 0 unless the
+# profile gives it one; with prompt: policy it is the policy's own turn (docs/tiny_base.md, "Next action").
 ALL_KINDS: tuple[str, ...] = (*KINDS, "act")
 MAX_LABEL_CHARS = 60  # longer labels are not asked about (they are still shown)
 MAX_READ_CHARS = 80
@@ -632,6 +635,15 @@ def system_message(cfg: DataConfig) -> dict[str, str]:
     return {"role": "system", "content": prompt.system_prompt("xml", style=cfg.system_style)}
 
 
+def question_turn(state: ScreenState, screen: str, qa: QA, cfg: DataConfig, first: bool = True,
+                  with_image: bool = False) -> str:
+    """The user turn that asks ``qa``: the prompt (first turn only), then the question. With ``prompt:
+    policy`` the ``act`` question is the policy's own turn: the user prompt exactly, nothing after it."""
+    if cfg.prompt == "policy" and qa.kind == "act":
+        return prompt_text(state, screen, with_image, cfg).rstrip("\n")
+    return (prompt_text(state, screen, with_image, cfg) if first else "") + qa.question
+
+
 def wrap_answer(qa: QA, cfg: DataConfig) -> str:
     return f"<answer>{qa.answer}</answer>" if cfg.prompt == "policy" and qa.kind in ACTION_KINDS else qa.answer
 
@@ -663,10 +675,7 @@ def build_example(
     if qas and cfg.prompt == "policy" and rng.random() < cfg.system_prob:
         msgs.append(system_message(cfg))
     for j, qa in enumerate(qas):
-        if cfg.prompt == "policy" and qa.kind == "act":
-            user = prompt_text(state, screen, with_image, cfg).rstrip("\n")  # exactly the policy's user turn
-        else:
-            user = (prompt_text(state, screen, with_image, cfg) if j == 0 else "") + qa.question
+        user = question_turn(state, screen, qa, cfg, first=j == 0, with_image=with_image)
         msgs.append({"role": "user", "content": user})
         msgs.append({"role": "assistant", "content": wrap_answer(qa, cfg)})
     return Example(msgs, [qa.kind for qa in qas], state.png if with_image else None, [qa.source for qa in qas],

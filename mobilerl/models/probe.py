@@ -32,13 +32,14 @@ from typing import Any
 from mobilerl.models.pretrain_data import (
     ALL_KINDS,
     KINDS,
+    QA,
     DataConfig,
     Example,
     ScreenState,
     chat_text,
     encode,
     make_qas,
-    prompt_text,
+    question_turn,
     render_screen,
     system_message,
     wrap_answer,
@@ -103,7 +104,7 @@ def build_items(
                 screen = render_screen(nodes, st.width, st.height, cfg.coords, numbered)
             msgs = [
                 *([system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []),
-                {"role": "user", "content": prompt_text(st, screen, cfg=cfg) + qa.question},
+                {"role": "user", "content": question_turn(st, screen, qa, cfg)},
                 {"role": "assistant", "content": wrap_answer(qa, cfg)},
             ]
             by_kind[qa.kind].append(ProbeItem(qa.kind, Example(msgs, [qa.kind]), si))
@@ -205,7 +206,7 @@ def rollout_success(
     model: Any, processor: Any, task_ids: Sequence[str], cfg: DataConfig, batch_size: int = 16,
     max_new_tokens: int = 48, perturb: str = "default",
 ) -> dict[str, Any]:
-    """Closed-loop episodes with greedy actions (question ``action?`` on the current full screen).
+    """Closed-loop episodes with greedy actions (the ``act`` question on the current full screen).
 
     For the SFT counterfactual (``act`` kind). Episodes run in lockstep so generation is batched. The
     answer is mapped back to the env's pixels (grid → pixels, ``index=i`` → the line's box); a response
@@ -247,7 +248,7 @@ def rollout_success(
                                      history=tuple(history[tid]))
                     screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
                     msgs = [*([system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []),
-                            {"role": "user", "content": prompt_text(st, screen, cfg=cfg) + "action?"}]
+                            {"role": "user", "content": question_turn(st, screen, QA("act", "action?", ""), cfg)}]
                     prompts.append(chat_text(msgs) + "<|im_start|>assistant\n")
                 enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
                 with torch.no_grad():
