@@ -66,6 +66,8 @@ def release(model, processor, profile, summary: dict, test_states, work: Path, o
     from mobilerl.models.probe import ACCEPTANCE, build_items, score_generate
 
     items = build_items(test_states, profile.data, n_per_kind=probe_items, seed=12345)
+    if profile.data.weights.get("act", 0) > 0:  # a base trained on the next action is probed on it too
+        items += build_items(test_states, profile.data, n_per_kind=probe_items, seed=12345, kinds=("act",))
     acc, _ = score_generate(model, processor, items)
     if out.exists():
         shutil.rmtree(out)
@@ -81,6 +83,7 @@ def release(model, processor, profile, summary: dict, test_states, work: Path, o
             "state_app": acc.get("app"),
             "state_find_or_scroll": acc.get("find"),
             "grounding_center_hit": acc.get("ground_center_hit"),
+            "next_action": acc.get("act"),  # the expert's next action, exact (when the profile trains it)
             "n_items": {k[2:]: v for k, v in acc.items() if k.startswith("n_")},
         },
         "acceptance": {k: {"target": v, "measured": acc.get(k), "met": (acc.get(k) or 0) >= v}
