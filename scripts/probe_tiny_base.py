@@ -33,19 +33,20 @@ def main() -> int:
 
     from mobilerl.models import tiny
     from mobilerl.models.pretrain import Profile
-    from mobilerl.models.probe import ACCEPTANCE, build_items, held_out_states, score_generate
+    from mobilerl.models.probe import ACCEPTANCE, held_out_states, release_items, score_generate
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, processor = tiny.load(args.model)
     profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
     states = held_out_states(n_per_template=args.per_template, seed=profile.train.seed + 1)
-    items = build_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
+    items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
     acc, _ = score_generate(model, processor, items)
     names = {"ground": "grounding (exact element)", "read": "reading (label -> value)",
              "copy": "instruction-span copy (Type)", "type": "type what the task says, at the field",
              "checked": "state: switch on/off",
-             "app": "state: which app", "find": "state: tap or scroll to target"}
+             "app": "state: which app", "find": "state: tap or scroll to target",
+             "act": "next action (the expert's, exact)"}
     if args.json:
         print(json.dumps(acc, indent=1))
     else:

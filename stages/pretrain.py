@@ -63,11 +63,9 @@ def release(model, processor, profile, summary: dict, test_states, work: Path, o
     """Probe on held-out screens (greedy generation, exact answers), save the HF checkpoint with its
     learning curve and ``metrics.json``; fail if the folder is over ``max_size_mb``."""
     from mobilerl.models import tiny
-    from mobilerl.models.probe import ACCEPTANCE, build_items, score_generate
+    from mobilerl.models.probe import ACCEPTANCE, release_items, score_generate
 
-    items = build_items(test_states, profile.data, n_per_kind=probe_items, seed=12345)
-    if profile.data.weights.get("act", 0) > 0:  # a base trained on the next action is probed on it too
-        items += build_items(test_states, profile.data, n_per_kind=probe_items, seed=12345, kinds=("act",))
+    items = release_items(test_states, profile.data, n_per_kind=probe_items)
     acc, _ = score_generate(model, processor, items)
     if out.exists():
         shutil.rmtree(out)

@@ -113,6 +113,14 @@ def build_items(
     return [it for k in kinds for it in by_kind[k]]
 
 
+def release_items(states: Sequence[ScreenState], cfg: DataConfig, n_per_kind: int = 200,
+                  seed: int = 12345) -> list[ProbeItem]:
+    """The release probe's items: every screen-reading kind, plus the expert's next action (``act``)
+    when the profile trains it."""
+    kinds = (*KINDS, "act") if cfg.weights.get("act", 0) > 0 else KINDS
+    return build_items(states, cfg, n_per_kind=n_per_kind, seed=seed, kinds=kinds)
+
+
 def _batches(items: Sequence[Any], size: int):
     for i in range(0, len(items), size):
         yield items[i : i + size]
