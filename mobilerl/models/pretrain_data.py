@@ -63,6 +63,7 @@ KINDS: tuple[str, ...] = ("ground", "read", "checked", "app", "find", "copy", "t
 # "act": the expert's next action (behaviour cloning on train-split expert screens), weight 0 unless the
 # profile gives it one; with prompt: policy it is the policy's own turn (docs/tiny_base.md, "Next action").
 ALL_KINDS: tuple[str, ...] = (*KINDS, "act")
+ACT_QUESTION = "action?"  # the act question where it is asked as one (prompt: compact)
 MAX_LABEL_CHARS = 60  # longer labels are not asked about (they are still shown)
 MAX_READ_CHARS = 80
 
@@ -529,7 +530,7 @@ def make_qas(
                 pools["type"].append(QA("type", "type?", state.action, _action_source(state, nodes)))
         pools["copy"].extend(copy_qas(state.instruction, spans, near_copy, rng))
         if state.action:
-            pools["act"].append(QA("act", "action?", expert_answer(state, nodes, coords, grounding),
+            pools["act"].append(QA("act", ACT_QUESTION, expert_answer(state, nodes, coords, grounding),
                                    _action_source(state, nodes) if copies_box else None))
     weights = weights or {k: 1.0 for k in KINDS}
     for pool in pools.values():

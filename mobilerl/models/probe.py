@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mobilerl.models.pretrain_data import (
+    ACT_QUESTION,
     ALL_KINDS,
     KINDS,
     QA,
@@ -63,6 +64,13 @@ def held_out_states(
 
     return collect_states(split="test", n_per_template=n_per_template, explore=explore, seed=seed, render=render,
                           workers=workers)
+
+
+def _ask(st: ScreenState, screen: str, qa: QA, cfg: DataConfig) -> list[dict[str, str]]:
+    """One probe question as messages: the system prompt where the profile's sequences may have one, then
+    the user turn (:func:`question_turn`)."""
+    system = [system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []
+    return [*system, {"role": "user", "content": question_turn(st, screen, qa, cfg)}]
 
 
 def build_items(
@@ -102,11 +110,7 @@ def build_items(
             seen.add(qa.kind)
             if screen is None:
                 screen = render_screen(nodes, st.width, st.height, cfg.coords, numbered)
-            msgs = [
-                *([system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []),
-                {"role": "user", "content": question_turn(st, screen, qa, cfg)},
-                {"role": "assistant", "content": wrap_answer(qa, cfg)},
-            ]
+            msgs = [*_ask(st, screen, qa, cfg), {"role": "assistant", "content": wrap_answer(qa, cfg)}]
             by_kind[qa.kind].append(ProbeItem(qa.kind, Example(msgs, [qa.kind]), si))
         if all(len(by_kind[k]) >= n_per_kind for k in kinds):
             break
@@ -255,8 +259,7 @@ def rollout_success(
                     st = ScreenState(tid, env.task.instruction, obs.app, obs.width, obs.height, tuple(nodes),
                                      history=tuple(history[tid]))
                     screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
-                    msgs = [*([system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []),
-                            {"role": "user", "content": question_turn(st, screen, QA("act", "action?", ""), cfg)}]
+                    msgs = _ask(st, screen, QA("act", ACT_QUESTION, ""), cfg)
                     prompts.append(chat_text(msgs) + "<|im_start|>assistant\n")
                 enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
                 with torch.no_grad():
