@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -150,19 +150,31 @@ def test_policy_failure_is_recorded():
     assert traj.n_steps == 1 and classify_failure(traj) == "policy_error"
 
 
-def test_rollouts_do_not_block_each_other():
-    async def main():
-        envs = [ThreadEnv(CounterEnv(step_delay_s=0.05)) for _ in range(4)]
-        policy = ScriptedPolicy([TAP, TAP, FINISH])
-        t0 = time.perf_counter()
-        trajs = await asyncio.gather(
-            *(rollout(e, policy, counter_task(2), trial=i) for i, e in enumerate(envs))
-        )
-        return trajs, time.perf_counter() - t0
+class _BarrierEnv(CounterEnv):
+    """A CounterEnv whose reset waits until every env of the group is inside its own reset."""
 
-    trajs, elapsed = run(main())
-    assert all(t.success for t in trajs)
-    assert elapsed < 0.6, elapsed  # serial would be 4 episodes x 4 calls x 50 ms = 0.8 s
+    def __init__(self, barrier: threading.Barrier):
+        super().__init__()
+        self.barrier = barrier
+
+    def reset(self, task):
+        self.barrier.wait()  # BrokenBarrierError after its timeout if the resets ran one at a time
+        return super().reset(task)
+
+
+def test_rollouts_do_not_block_each_other():
+    # Structural, not timed: the four resets meet at a barrier, which they pass only if all four are in
+    # flight at once; rollouts that blocked each other (or the loop) would leave the first one waiting.
+    barrier = threading.Barrier(4, timeout=30)
+
+    async def main():
+        envs = [ThreadEnv(_BarrierEnv(barrier)) for _ in range(4)]
+        policy = ScriptedPolicy([TAP, TAP, FINISH])
+        return await asyncio.gather(*(rollout(e, policy, counter_task(2), trial=i) for i, e in enumerate(envs)))
+
+    trajs = run(main())
+    assert not barrier.broken
+    assert all(t.success and t.error is None for t in trajs), [t.error for t in trajs]
 
 
 def test_oracle_policy_on_sim_with_subgoals_and_screenshots(tmp_path):
