@@ -166,28 +166,63 @@ def model_concurrency() -> int:
     return load_params("evaluate", EvaluateConfig).model_concurrency
 
 
-def full_world_test(name: str) -> dict[str, Any]:
-    """The ``evaluate`` stage's policy ``name`` over all of world/test, n = 1: wall time and what it did."""
+def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int = 1) -> dict[str, Any]:
+    """The ``evaluate`` stage's policy ``name`` over all of world/test (every ``every``-th task), n = 1: wall
+    time and what it did. ``backend``: backend settings over the profile's (e.g. ``dtype``)."""
     from stages.common import load_params
     from stages.evaluate import EvaluateConfig, checkpoint_policy
 
     cfg = load_params("evaluate", EvaluateConfig)
     if name not in cfg.checkpoints:
         raise SystemExit(f"--full: {name!r} is not under evaluate.checkpoints in params.yaml")
-    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg)
-    tasks = world_test()
+    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend=backend)
+    tasks = world_test()[::every]
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = evaluate_sync(policy.with_seed, tasks, concurrency=cfg.model_concurrency, perturb=cfg.perturb,
                           base_seed=cfg.seed, progress=True)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = sum(len(t.steps) for t in trajs)
     stats = policy.backend.stats
-    return {"policy": name, "tasks": len(tasks), "episodes": len(trajs), "steps": steps,
+    new_tokens = sorted(len(s.logprobs or []) for t in trajs for s in t.steps)
+    return {"policy": name, "dtype": str(policy.backend.model.dtype).removeprefix("torch."), "tasks": len(tasks),
+            "success": sum(t.success for t in trajs), "episodes": len(trajs), "steps": steps,
             "model_calls": stats.items, "success_rate": round(sum(t.success for t in trajs) / len(trajs), 4),
             "errors": sum(t.error is not None for t in trajs), "concurrency": cfg.model_concurrency,
             "temperature": cfg.temperature, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "steps_per_s": round(steps / wall, 2), "generate_calls": stats.batches,
-            "mean_batch": round(stats.items / max(stats.batches, 1), 1), "generate_busy_s": round(stats.busy_s, 1)}
+            "mean_batch": round(stats.items / max(stats.batches, 1), 1), "generate_busy_s": round(stats.busy_s, 1),
+            "new_tokens_mean": round(statistics.mean(new_tokens), 1) if new_tokens else 0,
+            "new_tokens_p99": new_tokens[int(0.99 * (len(new_tokens) - 1))] if new_tokens else 0,
+            "new_tokens_max": new_tokens[-1] if new_tokens else 0}
+
+
+async def _generate_all(backend: HFBackend, requests: list[Any], sampling: SamplingConfig) -> list[Any]:
+    """Every request as its own concurrent call (as concurrent episodes make them)."""
+    return [g for [g] in await asyncio.gather(*(backend.generate([r], sampling) for r in requests))]
+
+
+def compare_dtypes(ckpt: Path, contexts: list[PolicyContext], dtypes: list[str], settings: dict[str, Any],
+                   answer_tokens: int, budget_steps: dict[str, int]) -> dict[str, Any]:
+    """The same contexts through the backend in each dtype: speed (forced answer length, as
+    :func:`bench_generation`) and, greedy with a natural end, how many answers equal the first dtype's."""
+    out: dict[str, Any] = {}
+    answers: dict[str, list[str]] = {}
+    for d in dtypes:
+        backend = HFBackend.from_pretrained(ckpt, device="cpu", dtype=d, max_batch=settings["max_batch"])
+        out[d] = bench_generation(backend, contexts, settings, answer_tokens, budget_steps)
+        policy = ModelPolicy(backend, obs_mode="xml", prompt_style=settings["prompt_style"],
+                             max_history=settings["max_history"], coords=settings["coords"])
+        greedy = SamplingConfig(temperature=0.0, max_new_tokens=64)
+        answers[d] = [g.text for g in asyncio.run(_generate_all(backend, [policy.request(c) for c in contexts],
+                                                                greedy))]
+        print(f"generation {d}:", json.dumps(out[d]), flush=True)
+    ref = dtypes[0]
+    for d in dtypes[1:]:
+        out[f"speedup_{d}_over_{ref}"] = round(out[d]["actions_per_s"] / out[ref]["actions_per_s"], 2)
+        out[f"speedup_{d}_over_{ref}_cpu"] = round(out[d]["actions_per_cpu_s"] / out[ref]["actions_per_cpu_s"], 2)
+        out[f"same_greedy_answer_{d}"] = round(
+            sum(a == b for a, b in zip(answers[ref], answers[d], strict=True)) / max(len(contexts), 1), 4)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,12 +243,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-eval", action="store_true")
     ap.add_argument("--skip-plain", action="store_true", help="skip the run without the lean text prefill")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--dtype", default=None, help="with --full: inference dtype instead of the profile's")
+    ap.add_argument("--full-every", type=int, default=1, help="with --full: every N-th world/test task")
+    ap.add_argument("--dtypes", default=None,
+                    help="compare inference dtypes (e.g. fp32,bf16) on the sampled contexts: speed and greedy "
+                         "agreement with the first; nothing else but the context collection")
     ap.add_argument("--full", metavar="NAME", default=None,
                     help="time checkpoint policy NAME of params.yaml's evaluate section over all of world/test "
                          "(n = 1), as the evaluate stage runs it; nothing else")
     args = ap.parse_args(argv)
     if args.full:
-        res = full_world_test(args.full)
+        over: dict[str, Any] = {}
+        if args.dtype:
+            over["dtype"] = args.dtype
+        res = full_world_test(args.full, over, args.full_every)
         print("full world/test:", json.dumps(res), flush=True)
         if args.out:
             args.out.write_text(json.dumps(res, indent=1) + "\n")
@@ -237,6 +280,13 @@ def main(argv: list[str] | None = None) -> None:
         new["max_history"] = args.max_history
     backend = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=new["max_batch"])
     sample = random.Random(0).sample(contexts, min(args.requests, len(contexts)))
+    if args.dtypes:
+        report["dtypes"] = compare_dtypes(ckpt, sample, args.dtypes.split(","), {k: new[k] for k in OLD},
+                                          args.answer_tokens, budget)
+        print("dtypes:", json.dumps({k: v for k, v in report["dtypes"].items() if not isinstance(v, dict)}))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+        return
 
     rows = {}
     for name, settings in (("old", OLD), ("new", {k: new[k] for k in OLD})):

@@ -76,7 +76,7 @@ def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any
                          "(they load each round's checkpoint), not an external server")
     spec: dict[str, Any] = {"kind": kind, "model": str(checkpoint)}
     if kind == "hf":
-        spec.update(dtype=profile.dtype, max_batch=profile.generation.max_batch)
+        spec.update(dtype=profile.inference_dtype, max_batch=profile.generation.max_batch)
     spec.update({k: v for k, v in extra.items() if k != "kind"})
     return make_backend(spec)
 

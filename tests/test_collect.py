@@ -13,7 +13,7 @@ from mobilerl.agent import OraclePolicy
 from mobilerl.data import privacy as P
 from mobilerl.data.audit import audit
 from mobilerl.data.collect import MaskingOptions, collect_sync, find_canaries, import_human, replay_check
-from mobilerl.data.store import read_store, write_store
+from mobilerl.data.store import iter_store, read_store, write_store
 from mobilerl.env.actions import Action, parse_action
 from mobilerl.env.sim.tasks.registry import get_task
 
@@ -59,6 +59,51 @@ def test_collected_trajectories_are_valid(collected):
                 assert im.size == (540, 1200)
     assert res.summary()["masked_text_spans"][P.PHONE] > 0
     assert res.summary()["masked_image_regions"]["text"] > 0
+
+
+def test_a_collection_is_byte_reproducible(collected, tmp_path):
+    """Collecting the same tasks again (concurrently, so in another finishing order) writes the same bytes:
+    the wall-clock fields are not stored and the table is stored in task order. A DVC stage re-run on the
+    same code then leaves its output, and the stages after it, as they were."""
+    import hashlib
+
+    root, res, tasks = collected
+    again = tmp_path / "again"
+    policy = OraclePolicy()
+    collect_sync(lambda seed: policy, list(reversed(tasks)), again,
+                 masking=MaskingOptions(mode="surrogate", image_max_side=1200), concurrency=2, progress=False)
+
+    def digests(d):
+        return {str(p.relative_to(d)): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
+                if p.is_file()}
+
+    assert digests(root) == digests(again)
+    trajs = list(iter_store(root, order="file"))
+    assert [t.episode_id for t in trajs] == [t.episode_id for t in read_store(root)]  # stored in task order
+    assert all(t.wall_time_s == 0 and all(s.latency_s == s.policy_latency_s == 0 for s in t.steps) for t in trajs)
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["reproducible"] is True and "wall_s" not in manifest["summary"]
+    assert res.summary()["wall_s"] > 0  # the stage's metrics keep the timings
+
+
+def test_a_store_can_keep_timings_and_finishing_order(tmp_path):
+    trajs = read_store(_small_store(tmp_path / "src"))
+    for i, t in enumerate(trajs):
+        t.wall_time_s = 1.5 + i
+        t.steps[0].latency_s = 0.25
+    trajs = list(reversed(trajs))
+    write_store(tmp_path / "timed", trajs, reproducible=False)
+    back = list(iter_store(tmp_path / "timed", order="file"))
+    assert [t.episode_id for t in back] == [t.episode_id for t in trajs]
+    assert [t.wall_time_s for t in back] == [t.wall_time_s for t in trajs] and back[0].steps[0].latency_s == 0.25
+    assert json.loads((tmp_path / "timed" / "manifest.json").read_text())["reproducible"] is False
+
+
+def _small_store(root):
+    policy = OraclePolicy()
+    collect_sync(lambda seed: policy, _tasks(TASKS[:2]), root, masking=MaskingOptions(mode="surrogate"),
+                 concurrency=2, progress=False)
+    return root
 
 
 def test_replay_reproduces_the_verifier_result(collected):

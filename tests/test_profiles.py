@@ -86,3 +86,20 @@ def test_read_result_parses_the_trainer_log(tmp_path):
     (tmp_path / "trainer_log.jsonl").write_text('{"current_steps": 1, "loss": 3.5}\nnot json\n')
     with pytest.raises(ValueError, match=r"trainer_log.jsonl:2"):
         read_result(Path(tmp_path))
+
+
+def test_generation_dtype_defaults_to_the_training_dtype(tmp_path, monkeypatch):
+    """``generation.dtype`` is what the backends run in; without it, the profile's (training) dtype."""
+    import mobilerl.models.profiles as profiles
+    from mobilerl.models.backends import profile_spec
+
+    monkeypatch.setattr(profiles, "PROFILES", tmp_path)
+    base = "weights: w\ntemplate: t\nimage_max_pixels: 10\nimage_min_pixels: 1\ndtype: fp32\n"
+    (tmp_path / "a.yaml").write_text("name: a\n" + base)
+    (tmp_path / "b.yaml").write_text("name: b\n" + base + "generation: {dtype: bf16}\n")
+    (tmp_path / "c.yaml").write_text("name: c\n" + base + "generation: {dtype: int3}\n")
+    a, b = profiles.load_profile("a"), profiles.load_profile("b")
+    assert (a.inference_dtype, profile_spec(a)["dtype"]) == ("fp32", "fp32")
+    assert (b.dtype, b.inference_dtype, profile_spec(b)["dtype"]) == ("fp32", "bf16", "bf16")
+    with pytest.raises(ValueError, match=r"generation\.dtype"):
+        profiles.load_profile("c")

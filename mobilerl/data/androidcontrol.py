@@ -559,6 +559,6 @@ def convert_to_store(
             result.mask_counts.update(masker.counts)
             result.image_regions.update(regions)
         result.wall_s = time.perf_counter() - t0
-        writer.manifest["summary"] = result.summary()
+        writer.manifest["summary"] = result.summary(timings=not writer.reproducible)
     (out / SURROGATE_REGISTRY).write_text("".join(f"{h}\n" for h in sorted(registry)))
     return result

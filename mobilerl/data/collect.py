@@ -402,8 +402,10 @@ class CollectResult:
     wall_s: float = 0.0
     secrets: dict[str, EpisodeSecrets] = field(default_factory=dict)  # episode id -> in memory only
 
-    def summary(self) -> dict[str, Any]:
-        return {
+    def summary(self, timings: bool = True) -> dict[str, Any]:
+        """Counts and masking statistics; ``timings=False`` leaves out the wall-clock figures (a reproducible
+        store's manifest: they stay in the stage's metrics)."""
+        out = {
             "episodes": self.n_episodes, "steps": self.n_steps, "success": self.n_success,
             "success_rate": self.n_success / self.n_episodes if self.n_episodes else None,
             "errors": self.n_errors, "leaks_blocked": self.leaks_blocked,
@@ -412,6 +414,9 @@ class CollectResult:
             "image_mask_s_per_step": self.image_mask_s / self.n_steps if self.n_steps else None,
             "wall_s": self.wall_s,
         }
+        if not timings:
+            del out["image_mask_s_per_step"], out["wall_s"]
+        return out
 
 
 def _sim_env_factory(perturb: str) -> Callable[[], Env]:
@@ -474,6 +479,9 @@ async def collect(
 
     pool = EnvPool(worker, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8))
     write_lock = asyncio.Lock()
+    # _finish runs in worker threads (asyncio.to_thread), several at once: the store, the registry and the
+    # counters are updated under this lock (unguarded, two threads could interleave row groups in the file).
+    finish_lock = threading.Lock()
 
     async def one(task: TaskSpec, trial: int) -> None:
         seed = episode_seed(base_seed, task.task_id, trial)
@@ -505,10 +513,11 @@ async def collect(
                 k += 1
                 if k < len(cap.waits):  # the step's env time without waiting for a masking slot
                     s.latency_s = max(0.0, s.latency_s - cap.waits[k])
+        regions: Counter = Counter()
         for fr in frames:
             if fr is not None:
                 shots_s += fr["mask_s"]
-                result.image_regions.update(fr["regions"])
+                regions.update(fr["regions"])
         raw_actions = [s.action for s in traj.steps]
         masked = mask_trajectory(traj, cap.masker)
         masked.meta = {**masked.meta, "mask_mode": opts.mode, "masked_spans": dict(cap.masker.counts)}
@@ -518,13 +527,19 @@ async def collect(
         for _, text in trajectory_texts(masked):
             for c in find_canaries(text, cap.canaries, pats):
                 leaks[cap.canaries[c]] += 1
+        with finish_lock:
+            _store(masked, cap, leaks, final_dir, raw_actions, traj.reward, shots_s, regions)
+
+    def _store(masked: Trajectory, cap: _Capture, leaks: Counter, final_dir: Path, raw_actions: list,
+               reward: float | None, shots_s: float, regions: Counter) -> None:
         result.image_mask_s += shots_s
+        result.image_regions.update(regions)
         if leaks:
             result.leaks_blocked += 1
             result.leaked_categories.update(leaks)
             shutil.rmtree(final_dir, ignore_errors=True)
             log.error("episode %s still holds planted values of %s after masking: not stored",
-                      traj.episode_id, dict(leaks))
+                      masked.episode_id, dict(leaks))
             return
         writer.write(masked)
         registry.update(surrogate_fingerprints(cap.masker))
@@ -535,7 +550,7 @@ async def collect(
         result.mask_counts.update(cap.masker.counts)
         if keep_secrets:
             result.secrets[masked.episode_id] = EpisodeSecrets(cap.task, dict(cap.canaries), cap.masker,
-                                                               raw_actions, traj.reward)
+                                                               raw_actions, reward)
 
     async def guarded(task: TaskSpec, trial: int) -> None:
         try:
@@ -566,7 +581,7 @@ async def collect(
         for tmp in (out / IMAGES).glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
         result.wall_s = time.perf_counter() - t_start
-        writer.manifest["summary"] = result.summary()
+        writer.manifest["summary"] = result.summary(timings=not writer.reproducible)
         writer.close()
         (out / SURROGATE_REGISTRY).write_text("".join(f"{h}\n" for h in sorted(registry)))
     return result
@@ -687,7 +702,7 @@ def import_human(
             result.image_regions.update(regions)
             result.image_mask_s += shots_s
         result.wall_s = time.perf_counter() - t0
-        writer.manifest["summary"] = result.summary()
+        writer.manifest["summary"] = result.summary(timings=not writer.reproducible)
     (out / SURROGATE_REGISTRY).write_text("".join(f"{h}\n" for h in sorted(registry)))
     return result
 

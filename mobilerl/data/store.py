@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mobilerl.data.schema import SCHEMA_VERSION, StepRecord, Trajectory
@@ -144,14 +145,30 @@ def from_row(row: dict[str, Any]) -> Trajectory:
     return traj
 
 
+TIMING_FIELDS = ("wall_time_s",)  # episode fields that measure the machine, not the episode
+STEP_TIMING_FIELDS = ("latency_s", "policy_latency_s")
+
+
 class StoreWriter:
     """Appends episodes to ``<root>/trajectories.parquet`` (row groups of ``batch`` episodes) and writes
-    the manifest on close. ``root`` is created; an existing table is replaced."""
+    the manifest on close. ``root`` is created; an existing table is replaced.
 
-    def __init__(self, root: str | os.PathLike, batch: int = 64, manifest: dict[str, Any] | None = None):
+    ``reproducible`` (default): the stored bytes depend only on the episodes, not on the machine or on the
+    order concurrent episodes finished in. The wall-clock fields (:data:`TIMING_FIELDS`,
+    :data:`STEP_TIMING_FIELDS`) are stored as 0 and the table is rewritten in :func:`iter_store`'s
+    ``"task"`` order on close
+    (it is read back whole for that: a store's size in memory once). A DVC stage that re-collects the same
+    episodes then writes the same output, and the stages after it are not re-run. ``reproducible=False``
+    keeps the timings and the completion order (manifest ``reproducible: false``). Not thread-safe: callers
+    that write from several threads hold a lock around ``write``.
+    """
+
+    def __init__(self, root: str | os.PathLike, batch: int = 64, manifest: dict[str, Any] | None = None,
+                 reproducible: bool = True):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.batch = batch
+        self.reproducible = reproducible
         self.manifest = dict(manifest or {})
         self._rows: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
@@ -160,7 +177,12 @@ class StoreWriter:
         self.n_steps = 0
 
     def write(self, traj: Trajectory) -> None:
-        self._rows.append(to_row(traj))
+        row = to_row(traj)
+        if self.reproducible:
+            row.update(dict.fromkeys(TIMING_FIELDS, 0.0))
+            for s in row["steps"]:
+                s.update(dict.fromkeys(STEP_TIMING_FIELDS, 0.0))
+        self._rows.append(row)
         self.count += 1
         self.n_steps += traj.n_steps
         if len(self._rows) >= self.batch:
@@ -182,10 +204,18 @@ class StoreWriter:
         else:
             self._writer.close()
             self._writer = None
+            if self.reproducible:
+                self._sort_by_episode()
         os.replace(self._tmp, self.root / TABLE)
         manifest = {"schema_version": SCHEMA_VERSION, "episodes": self.count, "steps": self.n_steps,
-                    "table": TABLE, "images": IMAGES, **self.manifest}
+                    "table": TABLE, "images": IMAGES, "reproducible": self.reproducible, **self.manifest}
         (self.root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+    def _sort_by_episode(self) -> None:
+        table = pq.read_table(self._tmp, schema=SCHEMA)
+        keys = [(k, "ascending") for k in ("task_id", "trial", "episode_id")]  # iter_store's "task" order
+        table = table.take(pc.sort_indices(table, keys))
+        pq.write_table(table, self._tmp, compression="zstd", row_group_size=self.batch)
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -199,8 +229,9 @@ class StoreWriter:
         self.close()
 
 
-def write_store(root: str | os.PathLike, trajectories: Iterable[Trajectory], **manifest: Any) -> int:
-    with StoreWriter(root, manifest=manifest) as w:
+def write_store(root: str | os.PathLike, trajectories: Iterable[Trajectory], *, reproducible: bool = True,
+                **manifest: Any) -> int:
+    with StoreWriter(root, manifest=manifest, reproducible=reproducible) as w:
         for t in trajectories:
             w.write(t)
     return w.count

@@ -111,7 +111,7 @@ def profile_spec(profile: Any) -> dict[str, Any]:
         if not g.base_url:
             raise ValueError(f"profile {profile.name}: generation.base_url is required for kind 'openai'")
         return {"kind": "openai", "base_url": g.base_url}
-    spec: dict[str, Any] = {"kind": g.kind, "model": str(profile.weights_path), "dtype": profile.dtype,
+    spec: dict[str, Any] = {"kind": g.kind, "model": str(profile.weights_path), "dtype": profile.inference_dtype,
                             "max_batch": g.max_batch}
     if g.kind == "vllm":
         spec.update(tensor_parallel_size=g.tensor_parallel_size, image_min_pixels=profile.image_min_pixels,

@@ -79,6 +79,8 @@ class GenerationSettings(_Strict):
     max_history: int | None = Field(None, ge=0, description="Previous responses shown (None: all).")
     coords: Literal["abs", "rel"] = Field("abs", description="Coordinate frame: pixels or the 0-999 grid.")
     max_new_tokens: int = Field(512, ge=1, description="Cap on a response's tokens in evaluation.")
+    dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="Inference dtype of the hf / vllm backends (None: the profile's training dtype).")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism.")
     max_model_len: int | None = Field(None, description="vLLM context length.")
     base_url: str | None = Field(None, description="OpenAI-compatible server (kind=openai).")
@@ -100,6 +102,11 @@ class ModelProfile(_Strict):
         if self.image_min_pixels > self.image_max_pixels:
             raise ValueError("image_min_pixels must not exceed image_max_pixels")
         return self
+
+    @property
+    def inference_dtype(self) -> str:
+        """The dtype generation runs in: ``generation.dtype``, else the training ``dtype``."""
+        return self.generation.dtype or self.dtype
 
     @property
     def weights_path(self) -> Path:
