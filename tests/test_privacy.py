@@ -212,6 +212,35 @@ def test_faces_on_real_photos():
     assert PI.detect_faces(base) == []  # a plain screenshot has no face
 
 
+def test_face_and_qr_detection_agree_across_threads():
+    """The collector masks in a thread pool: each thread has its own OpenCV detectors (one shared cascade
+    gave spurious faces under concurrency), and concurrent detection equals serial detection."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import skimage.data as sd
+
+    lfw = sd.lfw_subset()
+    base = _screen().reduce(2)
+    images = []
+    for i in range(0, 200, 10):
+        img = base.copy()
+        img.paste(Image.fromarray((lfw[i] * 255).astype(np.uint8)).convert("RGB").resize((60, 60), Image.BICUBIC),
+                  (200, 300 + (i % 7) * 80))
+        images.append(img)
+    serial = [(PI.detect_faces(im), PI.detect_qr(im)) for im in images]
+    assert any(f for f, _ in serial)
+    with ThreadPoolExecutor(4) as ex:
+        for _ in range(3):
+            assert list(ex.map(lambda im: (PI.detect_faces(im), PI.detect_qr(im)), images)) == serial
+    mine = PI._cascade("frontalface_default")
+    other: list = []
+    t = threading.Thread(target=lambda: other.append(PI._cascade("frontalface_default")))
+    t.start()
+    t.join()
+    assert other[0] is not mine and PI._cascade("frontalface_default") is mine
+
+
 def test_ocr_masks_painted_text():
     img = Image.new("RGB", (900, 300), "white")
     d = ImageDraw.Draw(img)

@@ -22,10 +22,10 @@ blurred (``style="blur"``). Per-source timings are returned with the result.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -58,14 +58,22 @@ class ImageMaskResult:
 # ------------------------------------------------------------------------------------------ faces
 
 
-@lru_cache(maxsize=4)
-def _cascade(name: str):
-    import cv2
+# OpenCV's detectors keep working state in the object: one object used by several threads at once (the
+# collector masks screenshots in a thread pool) gave spurious or different detections from run to run. Each
+# thread gets its own instances.
+_per_thread = threading.local()
 
-    c = cv2.CascadeClassifier(cv2.data.haarcascades + f"haarcascade_{name}.xml")
-    if c.empty():  # pragma: no cover - opencv-python-headless 4.x ships them
-        raise RuntimeError(f"OpenCV Haar cascade {name!r} not found (opencv-python-headless 4.x is needed)")
-    return c
+
+def _cascade(name: str):
+    cache = _per_thread.__dict__.setdefault("cascades", {})
+    if name not in cache:
+        import cv2
+
+        c = cv2.CascadeClassifier(cv2.data.haarcascades + f"haarcascade_{name}.xml")
+        if c.empty():  # pragma: no cover - opencv-python-headless 4.x ships them
+            raise RuntimeError(f"OpenCV Haar cascade {name!r} not found (opencv-python-headless 4.x is needed)")
+        cache[name] = c
+    return cache[name]
 
 
 def _gray(img: Image.Image) -> np.ndarray:
@@ -110,14 +118,16 @@ def detect_faces(
 # ---------------------------------------------------------------------------------------- QR codes
 
 
-@lru_cache(maxsize=1)
 def _qr_detectors() -> tuple:
-    import cv2
+    dets = getattr(_per_thread, "qr", None)
+    if dets is None:
+        import cv2
 
-    dets = [cv2.QRCodeDetector()]
-    if hasattr(cv2, "QRCodeDetectorAruco"):
-        dets.append(cv2.QRCodeDetectorAruco())
-    return tuple(dets)
+        dets = [cv2.QRCodeDetector()]
+        if hasattr(cv2, "QRCodeDetectorAruco"):
+            dets.append(cv2.QRCodeDetectorAruco())
+        dets = _per_thread.qr = tuple(dets)
+    return dets
 
 
 def detect_qr(img: Image.Image, *, max_side: int | None = None, both: bool = False) -> list[Box]:
