@@ -81,6 +81,19 @@ def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any
     return make_backend(spec)
 
 
+ROUND_TIMINGS = ("propose_s", "score_s")
+TRAIN_TIMINGS = ("train_runtime_s", "tokens_per_s", "samples_per_s", "wall_s")
+
+
+def without_timings(r: dict[str, Any]) -> dict[str, Any]:
+    """A round's record for ``rounds.json`` inside the dataset folder: without the wall-clock figures, so
+    that a re-run that builds the same corpus writes the same folder and DVC does not re-run
+    `sft_reasoning` (the timings stay in the stage's metrics, ``refine.json``)."""
+    out = {k: v for k, v in r.items() if k not in ROUND_TIMINGS}
+    out["train"] = {k: v for k, v in r["train"].items() if k not in TRAIN_TIMINGS}
+    return out
+
+
 def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoint: Path) -> dict[str, Any]:
     from mobilerl.data.sft import write_sharegpt
     from mobilerl.models.generation import SamplingConfig
@@ -175,7 +188,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
                                                              "rounds": cfg.rounds})
         (out / "explanations.json").write_text(json.dumps(explanations, indent=0, sort_keys=True,
                                                           ensure_ascii=False) + "\n")
-        (out / "rounds.json").write_text(json.dumps(rounds, indent=1) + "\n")
+        (out / "rounds.json").write_text(json.dumps([without_timings(r) for r in rounds], indent=1) + "\n")
         if checkpoint.exists():
             shutil.rmtree(checkpoint)
         shutil.move(str(previous), checkpoint)
