@@ -121,6 +121,13 @@ def profile_settings() -> dict[str, Any]:
             "coords": g.coords, "obs_mode": g.obs_mode, "max_new_tokens": g.max_new_tokens}
 
 
+async def _generate_all(backend: HFBackend, requests: list[Any], sampling: SamplingConfig) -> list[Any]:
+    """Every request as its own concurrent call (as concurrent episodes make them), request ``i`` with seed
+    ``i``."""
+    return [g for [g] in await asyncio.gather(*(backend.generate([r], dataclasses.replace(sampling, seed=i))
+                                                 for i, r in enumerate(requests)))]
+
+
 def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings: dict[str, Any], answer_tokens: int,
                      budget_steps: dict[str, int]) -> dict[str, Any]:
     """All ``contexts`` as concurrent single requests (as concurrent episodes make them), fixed answer length."""
@@ -129,15 +136,10 @@ def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings
                          max_history=settings["max_history"], coords=settings["coords"])
     requests = [policy.request(c) for c in contexts]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=answer_tokens, seed=0)
-
-    async def run(reqs):
-        return [g for [g] in await asyncio.gather(*(backend.generate([r], dataclasses.replace(sampling, seed=i))
-                                                     for i, r in enumerate(reqs)))]
-
-    asyncio.run(run(requests[: settings["max_batch"]]))  # warm-up
+    asyncio.run(_generate_all(backend, requests[: settings["max_batch"]], sampling))  # warm-up
     b0, i0 = backend.stats.batches, backend.stats.items
     t0, c0 = time.perf_counter(), time.process_time()
-    gens = asyncio.run(run(requests))
+    gens = asyncio.run(_generate_all(backend, requests, sampling))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     aps = len(gens) / wall
     out = {
@@ -175,7 +177,7 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     cfg = load_params("evaluate", EvaluateConfig)
     if name not in cfg.checkpoints:
         raise SystemExit(f"--full: {name!r} is not under evaluate.checkpoints in params.yaml")
-    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend=backend)
+    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend_overrides=backend)
     tasks = world_test()[::every]
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = evaluate_sync(policy.with_seed, tasks, concurrency=cfg.model_concurrency, perturb=cfg.perturb,
@@ -184,9 +186,10 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     steps = sum(len(t.steps) for t in trajs)
     stats = policy.backend.stats
     new_tokens = sorted(len(s.logprobs or []) for t in trajs for s in t.steps)
+    success = sum(t.success for t in trajs)
     return {"policy": name, "dtype": str(policy.backend.model.dtype).removeprefix("torch."), "tasks": len(tasks),
-            "success": sum(t.success for t in trajs), "episodes": len(trajs), "steps": steps,
-            "model_calls": stats.items, "success_rate": round(sum(t.success for t in trajs) / len(trajs), 4),
+            "success": success, "episodes": len(trajs), "steps": steps,
+            "model_calls": stats.items, "success_rate": round(success / len(trajs), 4),
             "errors": sum(t.error is not None for t in trajs), "concurrency": cfg.model_concurrency,
             "temperature": cfg.temperature, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "steps_per_s": round(steps / wall, 2), "generate_calls": stats.batches,
@@ -194,11 +197,6 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
             "new_tokens_mean": round(statistics.mean(new_tokens), 1) if new_tokens else 0,
             "new_tokens_p99": new_tokens[int(0.99 * (len(new_tokens) - 1))] if new_tokens else 0,
             "new_tokens_max": new_tokens[-1] if new_tokens else 0}
-
-
-async def _generate_all(backend: HFBackend, requests: list[Any], sampling: SamplingConfig) -> list[Any]:
-    """Every request as its own concurrent call (as concurrent episodes make them)."""
-    return [g for [g] in await asyncio.gather(*(backend.generate([r], sampling) for r in requests))]
 
 
 def compare_dtypes(ckpt: Path, contexts: list[PolicyContext], dtypes: list[str], settings: dict[str, Any],
@@ -278,7 +276,6 @@ def main(argv: list[str] | None = None) -> None:
     new = profile_settings()
     if args.max_history >= 0:
         new["max_history"] = args.max_history
-    backend = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=new["max_batch"])
     sample = random.Random(0).sample(contexts, min(args.requests, len(contexts)))
     if args.dtypes:
         report["dtypes"] = compare_dtypes(ckpt, sample, args.dtypes.split(","), {k: new[k] for k in OLD},
@@ -287,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:
             args.out.write_text(json.dumps(report, indent=1) + "\n")
         return
+    backend = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=new["max_batch"])
 
     rows = {}
     for name, settings in (("old", OLD), ("new", {k: new[k] for k in OLD})):

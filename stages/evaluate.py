@@ -134,9 +134,9 @@ def make_policy_factory(name: str, cfg: EvaluateConfig, root: Path = ROOT) -> tu
 
 
 def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root: Path = ROOT,
-                      backend: dict[str, Any] | None = None):
+                      backend_overrides: dict[str, Any] | None = None):
     """A :class:`~mobilerl.agent.model_policy.ModelPolicy` over the checkpoint, with the profile's backend
-    settings and prompt format (``backend``: :func:`~mobilerl.models.backends.make_backend` keys over the
+    settings and prompt format (``backend_overrides``: :func:`~mobilerl.models.backends.make_backend` keys over the
     profile's, e.g. ``dtype`` in benchmarks)."""
     from mobilerl.agent.model_policy import ModelPolicy
     from mobilerl.models.backends import make_backend, profile_spec
@@ -152,10 +152,10 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
         raise ValueError(f"evaluate.profile: {cfg.profile!r} serves through kind 'openai' (a server with its own "
                          f"weights); checkpoint policies need kind 'hf' or 'vllm'")
     path = checkpoint_path(spec, root)
-    backend_ = make_backend({**profile_spec(profile), "model": str(path), "name": name, **(backend or {})})
+    backend = make_backend({**profile_spec(profile), "model": str(path), "name": name, **(backend_overrides or {})})
     sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=spec.max_new_tokens or g.max_new_tokens,
                               seed=cfg.seed)
-    return ModelPolicy(backend_, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
+    return ModelPolicy(backend, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
                        reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style,
                        coords=g.coords)
 

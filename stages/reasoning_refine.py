@@ -82,7 +82,6 @@ def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any
 
 
 ROUND_TIMINGS = ("propose_s", "score_s")
-TRAIN_TIMINGS = ("train_runtime_s", "tokens_per_s", "samples_per_s", "wall_s")
 
 
 def without_timings(r: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +89,9 @@ def without_timings(r: dict[str, Any]) -> dict[str, Any]:
     that a re-run that builds the same corpus writes the same folder and DVC does not re-run
     `sft_reasoning` (the timings stay in the stage's metrics, ``refine.json``)."""
     out = {k: v for k, v in r.items() if k not in ROUND_TIMINGS}
-    out["train"] = {k: v for k, v in r["train"].items() if k not in TRAIN_TIMINGS}
+    from mobilerl.sft.llamafactory import TrainResult
+
+    out["train"] = {k: v for k, v in r["train"].items() if k not in TrainResult.TIMINGS}
     return out
 
 

@@ -478,7 +478,6 @@ async def collect(
         return ThreadEnv(RecordingEnv(make_env(), opts, out / IMAGES, mask_pool, slots), executor=env_pool)
 
     pool = EnvPool(worker, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8))
-    write_lock = asyncio.Lock()
     # _finish runs in worker threads (asyncio.to_thread), several at once: the store, the registry and the
     # counters are updated under this lock (unguarded, two threads could interleave row groups in the file).
     finish_lock = threading.Lock()
@@ -528,29 +527,25 @@ async def collect(
             for c in find_canaries(text, cap.canaries, pats):
                 leaks[cap.canaries[c]] += 1
         with finish_lock:
-            _store(masked, cap, leaks, final_dir, raw_actions, traj.reward, shots_s, regions)
-
-    def _store(masked: Trajectory, cap: _Capture, leaks: Counter, final_dir: Path, raw_actions: list,
-               reward: float | None, shots_s: float, regions: Counter) -> None:
-        result.image_mask_s += shots_s
-        result.image_regions.update(regions)
-        if leaks:
-            result.leaks_blocked += 1
-            result.leaked_categories.update(leaks)
-            shutil.rmtree(final_dir, ignore_errors=True)
-            log.error("episode %s still holds planted values of %s after masking: not stored",
-                      masked.episode_id, dict(leaks))
-            return
-        writer.write(masked)
-        registry.update(surrogate_fingerprints(cap.masker))
-        result.n_episodes += 1
-        result.n_steps += masked.n_steps
-        result.n_success += bool(masked.success)
-        result.n_errors += masked.error is not None
-        result.mask_counts.update(cap.masker.counts)
-        if keep_secrets:
-            result.secrets[masked.episode_id] = EpisodeSecrets(cap.task, dict(cap.canaries), cap.masker,
-                                                               raw_actions, reward)
+            result.image_mask_s += shots_s
+            result.image_regions.update(regions)
+            if leaks:
+                result.leaks_blocked += 1
+                result.leaked_categories.update(leaks)
+                shutil.rmtree(final_dir, ignore_errors=True)
+                log.error("episode %s still holds planted values of %s after masking: not stored",
+                          masked.episode_id, dict(leaks))
+                return
+            writer.write(masked)
+            registry.update(surrogate_fingerprints(cap.masker))
+            result.n_episodes += 1
+            result.n_steps += masked.n_steps
+            result.n_success += bool(masked.success)
+            result.n_errors += masked.error is not None
+            result.mask_counts.update(cap.masker.counts)
+            if keep_secrets:
+                result.secrets[masked.episode_id] = EpisodeSecrets(cap.task, dict(cap.canaries), cap.masker,
+                                                                   raw_actions, traj.reward)
 
     async def guarded(task: TaskSpec, trial: int) -> None:
         try:
@@ -559,7 +554,7 @@ async def collect(
             raise
         except Exception as e:  # noqa: BLE001 - one bad episode must not end the collection
             log.warning("collect: episode %s#%d failed: %r", task.task_id, trial, e)
-            async with write_lock:
+            with finish_lock:
                 result.n_errors += 1
         finally:
             bar.update(1)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mobilerl.data.schema import SCHEMA_VERSION, StepRecord, Trajectory
@@ -145,6 +144,7 @@ def from_row(row: dict[str, Any]) -> Trajectory:
     return traj
 
 
+TASK_ORDER = [("task_id", "ascending"), ("trial", "ascending"), ("episode_id", "ascending")]  # iter_store "task"
 TIMING_FIELDS = ("wall_time_s",)  # episode fields that measure the machine, not the episode
 STEP_TIMING_FIELDS = ("latency_s", "policy_latency_s")
 
@@ -205,16 +205,14 @@ class StoreWriter:
             self._writer.close()
             self._writer = None
             if self.reproducible:
-                self._sort_by_episode()
+                self._sort_in_task_order()
         os.replace(self._tmp, self.root / TABLE)
         manifest = {"schema_version": SCHEMA_VERSION, "episodes": self.count, "steps": self.n_steps,
                     "table": TABLE, "images": IMAGES, "reproducible": self.reproducible, **self.manifest}
         (self.root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
-    def _sort_by_episode(self) -> None:
-        table = pq.read_table(self._tmp, schema=SCHEMA)
-        keys = [(k, "ascending") for k in ("task_id", "trial", "episode_id")]  # iter_store's "task" order
-        table = table.take(pc.sort_indices(table, keys))
+    def _sort_in_task_order(self) -> None:
+        table = pq.read_table(self._tmp, schema=SCHEMA).sort_by(TASK_ORDER)
         pq.write_table(table, self._tmp, compression="zstd", row_group_size=self.batch)
 
     def __enter__(self) -> StoreWriter:
@@ -256,7 +254,7 @@ def iter_store(root: str | os.PathLike, order: str = "task") -> Iterator[Traject
             for row in pf.read_row_group(i).to_pylist():
                 yield from_row(row)
         return
-    table = pf.read().sort_by([("task_id", "ascending"), ("trial", "ascending"), ("episode_id", "ascending")])
+    table = pf.read().sort_by(TASK_ORDER)
     for batch in table.to_batches(max_chunksize=256):
         for row in batch.to_pylist():
             yield from_row(row)

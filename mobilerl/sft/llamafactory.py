@@ -45,6 +45,8 @@ class TrainResult:
     def final_loss(self) -> float | None:
         return self.losses[-1][1] if self.losses else None
 
+    TIMINGS = ("train_runtime_s", "tokens_per_s", "samples_per_s", "wall_s")  # the wall-clock keys of summary()
+
     def summary(self) -> dict[str, float | int | None]:
         """Numbers for metrics files and MLflow (tokens/s: input tokens of the packed sequences, padding
         included, over the trainer's runtime)."""
