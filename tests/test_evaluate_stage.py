@@ -95,3 +95,26 @@ def _ctx(task):
 
     obs = SimEnv().reset(task)
     return PolicyContext(task, obs, compress_xml(obs.xml, width=obs.width, height=obs.height))
+
+
+def test_inspect_policy_selects_short_templates_and_reports_pass_at_k(ckpt, capsys):
+    import importlib.util
+    import statistics
+
+    spec = importlib.util.spec_from_file_location("inspect_policy", Path(__file__).parents[1] / "scripts" /
+                                                  "inspect_policy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tasks, optimal = mod.select_tasks(2.0, 1, None)
+    assert len(tasks) == len(optimal) >= 2 and all(v <= 2.0 for v in optimal.values())
+    assert {t.template for t in tasks} == set(optimal)
+    queries, q_opt = mod.select_tasks(3.0, 2, "query")
+    assert all(t.task_type == "query" for t in queries) and len(queries) == 2 * len(q_opt)
+    assert "CameraTakePhoto" not in q_opt and statistics.mean(q_opt.values()) <= 3.0
+    # An untrained checkpoint on the 2-step templates, 2 sampled trials: a table row per template, nothing solved.
+    assert mod.main([str(ckpt), "--max-optimal", "2", "--per-template", "1", "--trials", "2", "--temperature",
+                     "1.0", "--max-new-tokens", "8", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "pass@2" in out and "pass@4" not in out
+    assert all(name in out for name in optimal)
+    assert f"0 / {2 * len(tasks)} episodes solved" in out
