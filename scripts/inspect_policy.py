@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="only the per-template table")
     args = ap.parse_args(argv)
 
-    from mobilerl.eval.metrics import pass_at_k
+    from mobilerl.eval.metrics import grouped
     from mobilerl.eval.runner import evaluate_sync
     from stages.common import load_params
     from stages.evaluate import CheckpointSpec, EvaluateConfig, checkpoint_policy
@@ -70,26 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no world/test template matches the filters")
     trajs = evaluate_sync(policy.with_seed, tasks, n_trials=args.trials, concurrency=cfg.model_concurrency,
                           perturb=cfg.perturb, base_seed=cfg.seed, progress=not args.quiet)
-    by_task: dict[str, list] = collections.defaultdict(list)
-    for tr in trajs:
-        by_task[tr.task_id].append(tr)
-        if args.quiet:
-            continue
-        print(f"{'SOLVED' if tr.success else 'failed'}  {tr.instruction}")
-        for s in tr.steps[: args.steps_shown]:
-            print(f"    {' '.join(s.response.split())[-110:]}  -> {s.invalid or s.effect or ''}")
-    print(f"\n{'template':36s} {'opt':>4s} {'success':>9s}" + "".join(f" {'pass@' + str(k):>7s}" for k in
-                                                                   (1, 2, 4, 8) if k <= args.trials))
-    templates: dict[str, list[str]] = collections.defaultdict(list)
-    for t in tasks:
-        templates[t.template].append(t.task_id)
-    for name, ids in templates.items():
-        eps = [tr for i in ids for tr in by_task[i]]
-        row = f"{name:36s} {optimal[name]:4.1f} {sum(e.success for e in eps):4d}/{len(eps):<4d}"
-        for k in (1, 2, 4, 8):
-            if k <= args.trials:
-                row += f" {statistics.mean(pass_at_k(len(by_task[i]), sum(e.success for e in by_task[i]), k) for i in ids):7.2f}"
-        print(row)
+    if not args.quiet:
+        for tr in trajs:
+            print(f"{'SOLVED' if tr.success else 'failed'}  {tr.instruction}")
+            for s in tr.steps[: args.steps_shown]:
+                print(f"    {' '.join(s.response.split())[-110:]}  -> {s.invalid or s.effect or ''}")
+    ks = [k for k in (1, 2, 4, 8) if k <= args.trials]
+    print(f"\n{'template':36s} {'opt':>4s} {'success':>9s}" + "".join(f" {'pass@' + str(k):>7s}" for k in ks))
+    for name, st in grouped(trajs, None, "template", ks).items():
+        n = st["n_trajectories"]
+        print(f"{name:36s} {optimal[name]:4.1f} {round(st['success_rate'] * n):4d}/{n:<4d}"
+              + "".join(f" {st[f'pass@{k}']:7.2f}" for k in ks))
     solved = sum(tr.success for tr in trajs)
     print(f"\n{solved} / {len(trajs)} episodes solved ({len(tasks)} tasks x {args.trials} trials, "
           f"temperature {cfg.temperature}); {sum(tr.finished for tr in trajs)} ended with finish, "

@@ -326,9 +326,12 @@ def _group_stats(trajs: Sequence[Trajectory], k_values: Sequence[int]) -> dict[s
     return out
 
 
-def _grouped(
+def grouped(
     trajs: Sequence[Trajectory], key: Mapping[str, str] | None, attr: str | None, k_values: Sequence[int]
 ) -> dict[str, dict[str, Any]]:
+    """Per-group statistics (``{n_tasks, n_trajectories, success_rate, success_ci_low/high, pass@k…}``, as in
+    :func:`summarize`'s ``by_*`` views), groups in sorted order: a trajectory's group is ``key[task_id]``
+    (tasks missing from ``key`` are left out) or, without ``key``, its attribute ``attr`` (e.g. ``"template"``)."""
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         g = key.get(t.task_id) if key is not None else str(getattr(t, attr or ""))
@@ -367,19 +370,19 @@ def summarize(
         sum(t.n_invalid for t in trajs) / max(1, sum(t.n_steps for t in trajs)) if trajs else None
     )
 
-    out["eval/by_difficulty"] = _grouped(trajs, None, "difficulty", k_values)
+    out["eval/by_difficulty"] = grouped(trajs, None, "difficulty", k_values)
     levels = {
         t.task_id: (str(complexity_level(t.optimal_steps)) if t.optimal_steps > 0 else "unknown")
         for t in trajs
     }
-    out["eval/by_complexity"] = _grouped(trajs, levels, None, k_values)
+    out["eval/by_complexity"] = grouped(trajs, levels, None, k_values)
     feats = {}
     for t in trajs:
         text = (template_texts or {}).get(t.template, t.instruction)
         feats[t.task_id] = TaskFeatures(t.task_id, tuple(t.tags), text, t.optimal_steps)
     buckets = difficulty_buckets(feats.values())
-    out["eval/by_semantic"] = _grouped(trajs, {k: v["S"] for k, v in buckets.items()}, None, k_values)
-    out["eval/by_combined"] = _grouped(trajs, {k: v["D"] for k, v in buckets.items()}, None, k_values)
+    out["eval/by_semantic"] = grouped(trajs, {k: v["S"] for k, v in buckets.items()}, None, k_values)
+    out["eval/by_combined"] = grouped(trajs, {k: v["D"] for k, v in buckets.items()}, None, k_values)
     by_app: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_app["+".join(t.apps) if t.apps else "unknown"].append(t)
