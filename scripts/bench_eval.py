@@ -202,17 +202,22 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
 def compare_dtypes(ckpt: Path, contexts: list[PolicyContext], dtypes: list[str], settings: dict[str, Any],
                    answer_tokens: int, budget_steps: dict[str, int]) -> dict[str, Any]:
     """The same contexts through the backend in each dtype: speed (forced answer length, as
-    :func:`bench_generation`) and, greedy with a natural end, how many answers equal the first dtype's."""
+    :func:`bench_generation`) and, greedy with a natural end, how many answers equal the first dtype's.
+    A dtype may name its device, ``cuda:bf16`` (default ``cpu``): the GPU check compares ``cpu:fp32`` with
+    ``cuda:fp32`` and ``cuda:bf16``."""
     out: dict[str, Any] = {}
     answers: dict[str, list[str]] = {}
+    tokens: dict[str, list[tuple[list[int], list[float]]]] = {}
     for d in dtypes:
-        backend = HFBackend.from_pretrained(ckpt, device="cpu", dtype=d, max_batch=settings["max_batch"])
+        device, _, dtype = d.rpartition(":")
+        backend = HFBackend.from_pretrained(ckpt, device=device or "cpu", dtype=dtype, max_batch=settings["max_batch"])
         out[d] = bench_generation(backend, contexts, settings, answer_tokens, budget_steps)
         policy = ModelPolicy(backend, obs_mode="xml", prompt_style=settings["prompt_style"],
                              max_history=settings["max_history"], coords=settings["coords"])
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=64)
-        answers[d] = [g.text for g in asyncio.run(_generate_all(backend, [policy.request(c) for c in contexts],
-                                                                greedy))]
+        gens = asyncio.run(_generate_all(backend, [policy.request(c) for c in contexts], greedy))
+        answers[d] = [g.text for g in gens]
+        tokens[d] = [(list(g.token_ids), list(g.logprobs or [])) for g in gens]
         print(f"generation {d}:", json.dumps(out[d]), flush=True)
     ref = dtypes[0]
     for d in dtypes[1:]:
@@ -220,6 +225,12 @@ def compare_dtypes(ckpt: Path, contexts: list[PolicyContext], dtypes: list[str],
         out[f"speedup_{d}_over_{ref}_cpu"] = round(out[d]["actions_per_cpu_s"] / out[ref]["actions_per_cpu_s"], 2)
         out[f"same_greedy_answer_{d}"] = round(
             sum(a == b for a, b in zip(answers[ref], answers[d], strict=True)) / max(len(contexts), 1), 4)
+        # the same greedy tokens: how far apart are their logprobs (what RL's ratios would see)
+        gaps = [abs(x - y) for (ta, la), (tb, lb) in zip(tokens[ref], tokens[d], strict=True) if ta == tb
+                for x, y in zip(la, lb, strict=False)]
+        if gaps:
+            out[f"logprob_gap_{d}"] = {"max": round(max(gaps), 5), "mean": round(statistics.mean(gaps), 6),
+                                       "tokens": len(gaps)}
     return out
 
 
@@ -244,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default=None, help="with --full: inference dtype instead of the profile's")
     ap.add_argument("--full-every", type=int, default=1, help="with --full: every N-th world/test task")
     ap.add_argument("--dtypes", default=None,
-                    help="compare inference dtypes (e.g. fp32,bf16) on the sampled contexts: speed and greedy "
+                    help="compare inference dtypes (e.g. fp32,bf16; cpu:fp32,cuda:bf16 across devices) on the sampled contexts: speed and greedy "
                          "agreement with the first; nothing else but the context collection")
     ap.add_argument("--full", metavar="NAME", default=None,
                     help="time checkpoint policy NAME of params.yaml's evaluate section over all of world/test "

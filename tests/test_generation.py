@@ -439,6 +439,24 @@ def test_make_backend_builds_and_names_bad_keys(ckpt, monkeypatch):
             make_backend({"kind": "vllm", "model": str(ckpt)})
 
 
+def test_cuda_model_calls_leave_out_cudnn_attention():
+    """On CUDA the backend's model calls exclude cuDNN SDPA (a plan per sequence length: 9x slower bf16 on
+    an H200, docs/evaluation.md); the choice is scoped to the call and CPU calls are untouched."""
+    import torch
+
+    from mobilerl.models.hf_backend import attention_kernels
+
+    before = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+              torch.backends.cuda.mem_efficient_sdp_enabled())
+    with attention_kernels(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+            torch.backends.cuda.mem_efficient_sdp_enabled()) == before
+    with attention_kernels(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before[0]
+
+
 # ----------------------------------------------------------------------------------------- vLLM
 
 

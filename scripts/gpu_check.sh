@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The checks that need a GPU: the HF backend (lean prefill, batched decoding, logprobs) and the `evaluate`
+# stage's policy on CUDA, against the same code on the CPU.
+#
+#   bash scripts/gpu_check.sh OUT_DIR [CHECKPOINT]      # CHECKPOINT default: data/checkpoints/sft_reasoning_free
+#
+# 1. 256 world/test contexts (oracle rollouts of every 10th task) answered greedily by the checkpoint on
+#    cpu:fp32, cuda:fp32 and cuda:bf16: speed, share of answers equal to the CPU's, and the gap between the
+#    logprobs of equal greedy tokens (what an RL ratio would see) -> OUT_DIR/dtypes.json
+# 2. The `evaluate` stage's policy `sft_reasoning_free` (params.yaml) over every 4th world/test task, n = 1,
+#    greedy, on CUDA (the profile's dtype, fp32) -> OUT_DIR/full_cuda.json; compare `success` and `steps`
+#    with the same command on the CPU (`CUDA_VISIBLE_DEVICES= bash scripts/gpu_check.sh ...` runs both on
+#    the CPU).
+#
+# A machine without the project's virtual environment (a bare GPU image with torch) installs the wheels
+# under .whl/ first when there are any (pydantic, and transformers / tokenizers at the versions of
+# constraints.txt): see docs/evaluation.md, "On a GPU".
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [CHECKPOINT]}
+CKPT=${2:-data/checkpoints/sft_reasoning_free}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+PY=${PY:-python3}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/mpl
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+devices="cpu:fp32"
+$PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && devices="cpu:fp32,cuda:fp32,cuda:bf16"
+status=0
+timeout 240 $PY scripts/bench_eval.py --ckpt "$CKPT" --every 10 --requests 256 --dtypes "$devices" \
+  --out "$OUT/dtypes.json" 2>&1 | grep -v "Loading weights" || status=1
+timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --out "$OUT/full_cuda.json" 2>&1 \
+  | grep -v "Loading weights\|eval:" || status=1
+exit $status
