@@ -5,6 +5,7 @@ generation settings buy over the old ones (issue 6: ≤ 5 minutes on this machin
     .venv/bin/python scripts/bench_eval.py --skip-old --max-history 4                    # a format variant
     .venv/bin/python scripts/bench_eval.py --ckpt data/checkpoints/sft_reasoning_free --skip-eval
     .venv/bin/python scripts/bench_eval.py --full sft_reasoning_free                     # the acceptance figure
+    python3 scripts/bench_eval.py --ckpt CKPT --dtypes cpu:fp32,cuda:fp32,cuda:bf16      # on a GPU (gpu_check.sh)
 
 1. **Prompts**: the oracle runs every ``--every``-th world/test task; each step's context (task, screen,
    history of ``<answer>…</answer>`` responses) is kept: the prompts a policy that solves the tasks sees.

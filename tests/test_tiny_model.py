@@ -315,6 +315,38 @@ def test_copy_pairs_point_each_copied_answer_token_at_its_source(states, process
     assert seen["ground"] > 10 and seen["read"] > 5 and seen["copy"] > 0, seen
 
 
+def test_copy_pairs_with_punctuation_add_only_the_next_source_token(states, processor):
+    """``copy_punct``: punctuation and spaces of a copied answer are paired only with the source token right
+    after the previous match, so a box keeps its four numbers (the answer's `,` after y1 is `][` on the line)."""
+    from dataclasses import replace
+
+    from mobilerl.models.pretrain_data import random_spans
+
+    base = DataConfig(prompt="policy", questions=24, max_len=4096, weights={"ground": 1.0, "read": 1.0, "copy": 1.0})
+    punct = replace(base, copy_punct=True)
+    grounds = extra = 0
+    for i, st in enumerate(states[:30]):
+        ex = build_example(st, random.Random(i), base, spans=random_spans(st.instruction, random.Random(i), 3))
+        plain = set(encode(ex, processor, base, attn_pairs=True).attn_pairs)
+        enc = encode(ex, processor, punct, attn_pairs=True)
+        more = set(enc.attn_pairs)
+        assert plain <= more
+        for q, k in more - plain:
+            assert enc.input_ids[q + 1] == enc.input_ids[k]
+            s0 = next(s for s, e, _ in enc.answer_spans if s - 1 <= q < e - 1)
+            earlier = [k2 for q2, k2 in more if s0 - 1 <= q2 < q]
+            # its source is the token right after the answer's previous match (or the first it copies)
+            assert (earlier and max(earlier) == k - 1) or not earlier, (q, k)
+        extra += len(more - plain)
+        for s, e, kind in enc.answer_spans:
+            if kind == "ground":
+                pairs = [(q, k) for q, k in more if s - 1 <= q < e - 1]
+                if pairs:
+                    grounds += 1
+                    assert len(pairs) == 6  # x1 , y1 | x2 , y2: the numbers and the commas inside each corner
+    assert grounds > 10 and extra > grounds
+
+
 def test_attention_supervision_points_a_head_without_changing_the_forward(states, tokenizer, processor):
     from mobilerl.models.pretrain import collate, disable_attention_capture, enable_attention_capture, loss_fn
 

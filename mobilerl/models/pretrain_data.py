@@ -579,6 +579,7 @@ class DataConfig:
     near_copy: float = 0.0  # share of copy questions that restate the instruction right after the cue
     max_history: int | None = None  # policy prompt: previous actions shown (None: all; SFT's sft_data.max_history)
     system_style: str = "full"  # policy prompt: style of the system prompt (mobilerl.agent.prompt.PROMPT_STYLES)
+    copy_punct: bool = False  # attention supervision on every token of a copied answer, punctuation and spaces too
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -751,7 +752,7 @@ def encode(example: Example, processor: Any, cfg: DataConfig, max_len: int | Non
         cut = spans[-1][1] if spans else min(cut, limit)
         ids, weights = ids[:cut], weights[:cut]
     with_pairs = attn_pairs and example.image is None and example.sources
-    pairs = copy_pairs(example, text, ids, offsets, spans, tok) if with_pairs else []
+    pairs = copy_pairs(example, text, ids, offsets, spans, tok, punct=cfg.copy_punct) if with_pairs else []
     return Encoded(ids, weights, spans, pixel_values, grid, pairs)
 
 
@@ -801,11 +802,13 @@ def _is_content(tok: Any, t: int) -> bool:
 
 
 def copy_pairs(example: Example, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
-               spans: Sequence[tuple[int, int, str]], tok: Any) -> list[tuple[int, int]]:
+               spans: Sequence[tuple[int, int, str]], tok: Any, punct: bool = False) -> list[tuple[int, int]]:
     """Attention targets for answers that copy from the prompt: for each letter/digit token of such an
     answer, (the position that predicts it, the position of the same token in its source), matched in
-    order. A source token that the answer spells differently (a word-initial space) is skipped."""
+    order. A source token that the answer spells differently (a word-initial space) is skipped.
+    ``punct``: also each other non-special token that is the source's next token after the last match."""
     chars = _source_chars(example, text)
+    specials = set(tok.all_special_ids)
     pairs: list[tuple[int, int]] = []
     for turn, (s, e, _) in enumerate(spans):
         r = chars[turn] if turn < len(chars) else None
@@ -814,9 +817,14 @@ def copy_pairs(example: Example, text: str, ids: Sequence[int], offsets: Sequenc
         src = [j for j in range(s) if offsets[j][1] > r[0] and offsets[j][0] < r[1]]
         cur = 0
         for a in range(s, e):
-            if not _is_content(tok, ids[a]):
+            if _is_content(tok, ids[a]):
+                j = next((x for x in range(cur, len(src)) if ids[src[x]] == ids[a]), None)
+            elif punct and ids[a] not in specials:
+                # punctuation and spaces repeat everywhere: only the source token right after the last match
+                # (`'` in "Leila's"), never one further on (a box's `,` is `][` on the screen line)
+                j = cur if cur < len(src) and ids[src[cur]] == ids[a] else None
+            else:
                 continue
-            j = next((x for x in range(cur, len(src)) if ids[src[x]] == ids[a]), None)
             if j is None:
                 continue
             pairs.append((a - 1, src[j]))
