@@ -336,7 +336,7 @@ def test_copy_pairs_with_punctuation_add_only_the_next_source_token(states, proc
             s0 = next(s for s, e, _ in enc.answer_spans if s - 1 <= q < e - 1)
             earlier = [k2 for q2, k2 in more if s0 - 1 <= q2 < q]
             # its source is the token right after the answer's previous match (or the first it copies)
-            assert (earlier and max(earlier) == k - 1) or not earlier, (q, k)
+            assert not earlier or max(earlier) == k - 1, (q, k)
         extra += len(more - plain)
         for s, e, kind in enc.answer_spans:
             if kind == "ground":

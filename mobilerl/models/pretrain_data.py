@@ -808,7 +808,7 @@ def copy_pairs(example: Example, text: str, ids: Sequence[int], offsets: Sequenc
     order. A source token that the answer spells differently (a word-initial space) is skipped.
     ``punct``: also each other non-special token that is the source's next token after the last match."""
     chars = _source_chars(example, text)
-    specials = set(tok.all_special_ids)
+    specials = set(tok.all_special_ids) if punct else set()  # only the punct branch asks
     pairs: list[tuple[int, int]] = []
     for turn, (s, e, _) in enumerate(spans):
         r = chars[turn] if turn < len(chars) else None
