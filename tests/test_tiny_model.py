@@ -236,6 +236,51 @@ def test_random_spans_are_well_posed_copy_questions():
     assert 0 < sum(" in: " in q.question for q in mixed) < len(mixed)
 
 
+def test_well_posed_spans_end_where_the_text_ends_them():
+    from mobilerl.models.pretrain_data import random_spans, well_posed_span
+
+    ins = "Add a contact named Wei Wang with phone number +1 312 445-3799, then text 'Leila's phone' to Bob."
+    assert not well_posed_span(ins, "Wei")  # the first name: nothing in the text says the span stops there
+    assert not well_posed_span(ins, "Wei Wang")
+    assert well_posed_span(ins, "Wei Wang with phone number +1 312 445-3799")  # a comma ends it
+    assert well_posed_span(ins, "Leila's phone") and well_posed_span(ins, "Bob")  # a quote; the full stop
+    assert well_posed_span("Rename it to Summer trip", "Summer trip")  # the end of the instruction
+    assert not well_posed_span(ins, "Alice") and not well_posed_span(ins, "")
+    spans = random_spans(ins, random.Random(3), 6)
+    assert spans and all(well_posed_span(ins, sp) for sp in spans)  # the random copy spans are well-posed
+
+
+def test_copy_questions_of_the_probe_and_of_copy_well_posed_training_are_well_posed(states):
+    """The probe asks span copy only where the question determines the span; with data.copy_well_posed the
+    training sequences do too, while the expert's partial spans still reach the type/act answers."""
+    import itertools
+
+    from mobilerl.models.pretrain_data import instruction_spans, stream_examples, typed_texts, well_posed_span
+    from mobilerl.models.probe import build_items
+
+    typed = typed_texts(states)
+    ill = [(s, sp) for s in states for sp in instruction_spans(s.instruction, typed.get(s.task_id, ()))
+           if not well_posed_span(s.instruction, sp)]
+    assert ill  # the fixture has partial spans (first names into a First name field)
+
+    def copied(ex) -> list[str]:
+        return [parse_action(m["content"].removeprefix("<answer>").removesuffix("</answer>")).text
+                for k, m in zip(ex.kinds, ex.messages[1::2], strict=False) if k == "copy"]
+
+    cfg = DataConfig(prompt="compact", weights={"copy": 1.0}, type_frac=0.5)
+    items = build_items(states, cfg, n_per_kind=50, seed=0, kinds=("copy",))
+    assert items
+    for it in items:
+        ins = it.example.messages[0]["content"].split("\n")[0].removeprefix("Task: ")
+        assert all(well_posed_span(ins, t) for t in copied(it.example))
+    for well_posed in (False, True):
+        cfg = DataConfig(prompt="compact", weights={"copy": 1.0}, type_frac=0.5, copy_well_posed=well_posed)
+        found_ill = False
+        for ex in itertools.islice(stream_examples(states, cfg, seed=0), 300):
+            found_ill |= not all(well_posed_span(ex.instruction, t) for t in copied(ex))
+        assert found_ill is not well_posed
+
+
 def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(states):
     """data.novel_spans: the span the expert types becomes random words in the instruction, on the screen,
     in the history and in the expert's action, so only copying answers the copy/type questions."""

@@ -436,6 +436,22 @@ def random_spans(instruction: str, rng: random.Random, k: int, max_words: int = 
     return out
 
 
+SPAN_ENDS = frozenset(".,;:!?'\"")
+
+
+def well_posed_span(instruction: str, span: str) -> bool:
+    """Whether ``type after "<cue>"`` determines ``span``: at its first occurrence in the instruction the span
+    ends where the text says a span ends (the end of the instruction, a quote or a punctuation mark, after
+    spaces at most, as :func:`random_spans` ends its spans). The expert also types parts of phrases (the
+    first name of "named Wei Wang with …" into a First name field): a question can start such a span but not
+    say where it stops, so answering it is a convention, not a copy."""
+    at = instruction.find(span) if span else -1
+    if at < 0:
+        return False
+    rest = instruction[at + len(span):].lstrip()
+    return not rest or rest[0] in SPAN_ENDS
+
+
 def typed_texts(states: Iterable[ScreenState]) -> dict[str, tuple[str, ...]]:
     """task id -> the texts the expert typed in that task (from the states' actions)."""
     out: dict[str, list[str]] = {}
@@ -580,6 +596,7 @@ class DataConfig:
     max_history: int | None = None  # policy prompt: previous actions shown (None: all; SFT's sft_data.max_history)
     system_style: str = "full"  # policy prompt: style of the system prompt (mobilerl.agent.prompt.PROMPT_STYLES)
     copy_punct: bool = False  # attention supervision on every token of a copied answer, punctuation and spaces too
+    copy_well_posed: bool = False  # span-copy questions only where the span ends at punctuation, a quote or the end
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -919,6 +936,8 @@ def stream_examples(
             st, spans = with_novel_spans(st, spans, rng, words)
         if cfg.random_spans:
             spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans) if x not in spans]
+        if cfg.copy_well_posed:
+            spans = [x for x in spans if well_posed_span(st.instruction, x)]
         ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
         if ex.messages:
             yield ex

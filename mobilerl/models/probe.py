@@ -17,7 +17,9 @@ same element's box on the 0-999 grid, or its index; ``read``: the same text; ``t
 
 Acceptance figures (``scripts/probe_tiny_base.py``): ``ground`` = grounding exact element, ``read`` =
 reading, ``copy`` = instruction-span copy (``type after "<words>"`` → the ``Type`` action with the span of
-the instruction that follows those words). ``type`` (the Type action on a screen where the expert types
+the instruction that follows those words; only spans that end at a punctuation mark, a quote or the end of
+the instruction, :func:`~mobilerl.models.pretrain_data.well_posed_span`, since the question cannot say where
+any other span stops). ``type`` (the Type action on a screen where the expert types
 a span of the instruction, with no cue) is reported beside them.
 """
 
@@ -82,7 +84,7 @@ def build_items(
     ``max_lines > 0`` asks about a random window of at most that many consecutive lines instead of the
     full screen (to watch the mechanism form before the curriculum reaches full screens).
     """
-    from mobilerl.models.pretrain_data import instruction_spans, typed_texts
+    from mobilerl.models.pretrain_data import instruction_spans, typed_texts, well_posed_span
 
     rng = random.Random(seed)
     numbered = cfg.numbered or cfg.grounding == "index"
@@ -107,6 +109,8 @@ def build_items(
         for qa in qas:
             if qa.kind not in kinds or qa.kind in seen or len(by_kind[qa.kind]) >= n_per_kind:
                 continue
+            if qa.kind == "copy" and not well_posed_span(st.instruction, qa.source[2] if qa.source else ""):
+                continue  # the question cannot say where the span ends (the items of the other kinds stay)
             seen.add(qa.kind)
             if screen is None:
                 screen = render_screen(nodes, st.width, st.height, cfg.coords, numbered)
