@@ -1,9 +1,11 @@
 """Print the tiny base model's screen-reading figures on held-out simulator screens.
 
-    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--per-template 3]
+    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--states DIR]
 
 Held-out screens: test-split tasks of the world and lab suites (never used by pretraining), oracle and
-off-policy states. One question per item, greedy generation, exact answer (see mobilerl/models/probe.py).
+off-policy states, less any screen identical to a train-split one: the ``pretrain`` stage's release probe,
+item for item. ``--states`` reuses a pretraining run's screen cache (``train.jsonl.gz``/``test.jsonl.gz``,
+written by ``python -m mobilerl.models.pretrain … --states DIR``) instead of collecting them (~3 minutes). One question per item, greedy generation, exact answer (see mobilerl/models/probe.py).
 Exit status 1 if an acceptance target (grounding ≥ 90%, reading ≥ 90%, span copy ≥ 95%) is missed.
 """
 
@@ -23,7 +25,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
     ap.add_argument("--items", type=int, default=200, help="held-out items per question kind")
-    ap.add_argument("--per-template", type=int, default=3, help="test tasks per template for screens")
+    ap.add_argument("--states", type=Path, default=None,
+                    help="a pretraining run's screen cache (train.jsonl.gz, test.jsonl.gz); default: collect")
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -33,13 +36,19 @@ def main() -> int:
 
     from mobilerl.models import tiny
     from mobilerl.models.pretrain import Profile
-    from mobilerl.models.probe import ACCEPTANCE, held_out_states, release_items, score_generate
+    from mobilerl.models.pretrain import prepare_states
+    from mobilerl.models.pretrain_data import load_states
+    from mobilerl.models.probe import ACCEPTANCE, release_items, score_generate
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, processor = tiny.load(args.model)
     profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
-    states = held_out_states(n_per_template=args.per_template, seed=profile.train.seed + 1)
+    if args.states is not None:
+        seen = {s.nodes for s in load_states(args.states / "train.jsonl.gz")}
+        states = [s for s in load_states(args.states / "test.jsonl.gz") if s.nodes not in seen]
+    else:  # as the stage collects them: the profile's train screens, and held-out ones not among them
+        states = prepare_states(profile, log=lambda msg: None)[1]
     items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
     acc, _ = score_generate(model, processor, items)
     names = {"ground": "grounding (exact element)", "read": "reading (label -> value)",
@@ -50,7 +59,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(acc, indent=1))
     else:
-        print(f"held-out screens: {len(states)} (test split, {args.per_template} tasks/template); "
+        print(f"held-out screens: {len(states)} (test split, {profile.probe_per_template} tasks/template); "
               f"greedy generation, exact answer; {time.time() - t0:.0f}s")
         for k, name in names.items():
             if k in acc:
