@@ -35,8 +35,7 @@ def main() -> int:
     import torch
 
     from mobilerl.models import tiny
-    from mobilerl.models.pretrain import Profile
-    from mobilerl.models.pretrain import prepare_states
+    from mobilerl.models.pretrain import Profile, prepare_states
     from mobilerl.models.pretrain_data import load_states
     from mobilerl.models.probe import ACCEPTANCE, release_items, score_generate
 
