@@ -5,7 +5,8 @@
 Held-out screens: test-split tasks of the world and lab suites (never used by pretraining), oracle and
 off-policy states, less any screen identical to a train-split one: the ``pretrain`` stage's release probe,
 item for item. ``--states`` reuses a pretraining run's screen cache (``train.jsonl.gz``/``test.jsonl.gz``,
-written by ``python -m mobilerl.models.pretrain … --states DIR``) instead of collecting them (~3 minutes). One question per item, greedy generation, exact answer (see mobilerl/models/probe.py).
+written by ``python -m mobilerl.models.pretrain … --states DIR``) instead of collecting them (~3 minutes).
+One question per item, greedy generation, exact answer (see mobilerl/models/probe.py).
 Exit status 1 if an acceptance target (grounding ≥ 90%, reading ≥ 90%, span copy ≥ 95%) is missed.
 """
 
@@ -35,19 +36,16 @@ def main() -> int:
     import torch
 
     from mobilerl.models import tiny
-    from mobilerl.models.pretrain import Profile, prepare_states
-    from mobilerl.models.pretrain_data import load_states
+    from mobilerl.models.pretrain import Profile, load_state_cache, prepare_states
     from mobilerl.models.probe import ACCEPTANCE, release_items, score_generate
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, processor = tiny.load(args.model)
     profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
-    if args.states is not None:
-        seen = {s.nodes for s in load_states(args.states / "train.jsonl.gz")}
-        states = [s for s in load_states(args.states / "test.jsonl.gz") if s.nodes not in seen]
-    else:  # as the stage collects them: the profile's train screens, and held-out ones not among them
-        states = prepare_states(profile, log=lambda msg: None)[1]
+    # as the stage has them: held-out screens not among the profile's train screens
+    states = (load_state_cache(args.states) if args.states is not None
+              else prepare_states(profile, log=lambda msg: None))[1]
     items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
     acc, _ = score_generate(model, processor, items)
     names = {"ground": "grounding (exact element)", "read": "reading (label -> value)",

@@ -108,8 +108,7 @@ def package_run(work: Path, states: Path, cfg: PretrainConfig) -> dict:
     from tokenizers import Tokenizer
 
     from mobilerl.models import tiny
-    from mobilerl.models.pretrain import Profile
-    from mobilerl.models.pretrain_data import load_states
+    from mobilerl.models.pretrain import Profile, load_state_cache
     from mobilerl.models.tokenizer import wrap
 
     tiny.offline()
@@ -119,8 +118,7 @@ def package_run(work: Path, states: Path, cfg: PretrainConfig) -> dict:
     model = tiny.build_model(profile.model, processor.tokenizer, seed=profile.train.seed)
     model.load_state_dict(state["model"])
     model.eval()
-    seen = {s.nodes for s in load_states(states / "train.jsonl.gz")}
-    test = [s for s in load_states(states / "test.jsonl.gz") if s.nodes not in seen]
+    test = load_state_cache(states)[1]
     summary = json.loads((work / "summary.json").read_text()) if (work / "summary.json").exists() else {
         "steps": state["step"], "tokens": state["tokens"], "minutes": round(state["minutes"], 2)}
     summary.setdefault("params", tiny.n_params(model))

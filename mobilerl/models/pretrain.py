@@ -29,7 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mobilerl.models.pretrain_data import KINDS, DataConfig, Encoded, ScreenState, encode, stream_examples
+from mobilerl.models.pretrain_data import (
+    KINDS,
+    DataConfig,
+    Encoded,
+    ScreenState,
+    encode,
+    load_states,
+    stream_examples,
+)
 from mobilerl.models.tiny import TinyShape
 
 
@@ -292,12 +300,24 @@ def prepare_states(profile: Profile, log: Any = print) -> tuple[list[ScreenState
     t0 = time.time()
     test = held_out_states(n_per_template=profile.probe_per_template, seed=profile.train.seed + 1,
                            workers=profile.train.threads)
-    seen = {s.nodes for s in train}
     n_all = len(test)
-    test = [s for s in test if s.nodes not in seen]  # a screen identical to a training one is not held out
+    test = held_out_only(test, train)
     log(f"collected {len(test)} held-out test-split screens in {time.time() - t0:.0f}s "
         f"({n_all - len(test)} identical to a train screen dropped)")
     return train, test
+
+
+def held_out_only(test: Sequence[ScreenState], train: Sequence[ScreenState]) -> list[ScreenState]:
+    """``test`` less any screen identical to a ``train`` one (a screen trained on is not held out)."""
+    seen = {s.nodes for s in train}
+    return [s for s in test if s.nodes not in seen]
+
+
+def load_state_cache(folder: Path | str) -> tuple[list[ScreenState], list[ScreenState]]:
+    """A run's screen cache (``--states``: ``train.jsonl.gz``, ``test.jsonl.gz``) as
+    :func:`prepare_states` returns the screens: train, and held-out ones not among them."""
+    train = load_states(Path(folder) / "train.jsonl.gz")
+    return train, held_out_only(load_states(Path(folder) / "test.jsonl.gz"), train)
 
 
 TOKENIZER_STATES = 12000  # screens sampled for the tokenizer corpus (all labels recur; minutes → seconds)
@@ -473,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     from mobilerl.models import tiny
-    from mobilerl.models.pretrain_data import load_states, save_states
+    from mobilerl.models.pretrain_data import save_states
 
     ap = argparse.ArgumentParser()
     ap.add_argument("profile")
@@ -495,8 +515,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         logf.flush()
 
     if args.states and (Path(args.states) / "train.jsonl.gz").exists():
-        train = load_states(Path(args.states) / "train.jsonl.gz")
-        test = load_states(Path(args.states) / "test.jsonl.gz")
+        train, test = load_state_cache(args.states)
         log(f"loaded {len(train)} train / {len(test)} held-out screens from {args.states}")
     else:
         train, test = prepare_states(profile, log)
