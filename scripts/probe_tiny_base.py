@@ -31,6 +31,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--device", default="cpu", help="torch device to score on (e.g. cuda)")
     args = ap.parse_args()
 
     import torch
@@ -42,6 +43,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, processor = tiny.load(args.model)
+    model.to(args.device)
     profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
     # as the stage has them: held-out screens not among the profile's train screens
     states = (load_state_cache(args.states) if args.states is not None

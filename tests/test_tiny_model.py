@@ -448,3 +448,63 @@ def test_next_action_turn_is_the_policy_prompt_exactly(states):
         assert "Step 1:" not in user["content"] and f"Step {len(st.history)}:" in user["content"]
         assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, cfg.coords, cfg.grounding)}</answer>"
         assert all(not m["content"].startswith("Task:") for m in ex.messages[3::2])  # later turns: question only
+
+
+def test_packed_next_action_sequences_hold_several_policy_turns(states, processor):
+    """``data.act_pack``: a share of the sequences is several oracle screens' policy turns, each the agent's
+    own prompt on the full screen and the expert's next action, cut to whole turns at max_len; the rest of
+    the stream keeps its many-question screens."""
+    from mobilerl.agent import prompt
+    from mobilerl.models.pretrain_data import expert_answer, history_responses, render_screen, stream_examples
+
+    cfg = DataConfig(prompt="policy", max_len=2048, system_prob=0.0, max_history=4, act_pack=1.0,
+                     weights={"ground": 1.0, "act": 20.0})
+    oracle = {(s.instruction, render_screen(s.nodes, s.width, s.height, "rel", False), s.history): s
+              for s in states if s.action}
+    ex = next(stream_examples(states, cfg, seed=3))
+    assert len(ex.kinds) >= 2 and set(ex.kinds) == {"act"} and [m["role"] for m in ex.messages[:2]] == ["user", "assistant"]
+    for user, answer in zip(ex.messages[::2], ex.messages[1::2], strict=True):
+        st = next(s for (ins, screen, _), s in oracle.items() if user["content"] == prompt.user_prompt(
+            ins, history_responses(s, "rel"), screen, app=s.app, mode="xml", max_history=4))
+        assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, 'rel', 'bbox')}</answer>"
+    enc = encode(ex, processor, cfg)
+    assert len(enc.answer_spans) >= 2 and len(enc.input_ids) <= 2048
+    assert all(k == "act" for *_, k in enc.answer_spans)
+    mixed = DataConfig(prompt="policy", act_pack=0.5, weights={"ground": 1.0, "read": 1.0, "act": 20.0})
+    kinds = [set(e.kinds) for e in (x for x, _ in zip(stream_examples(states, mixed, seed=1), range(40), strict=False))]
+    assert any(k == {"act"} for k in kinds) and any(k - {"act"} for k in kinds)
+    compact = DataConfig(act_pack=1.0, weights={"ground": 1.0, "act": 20.0})  # packing is for the policy prompt
+    assert all(x.kinds.count("act") <= 1 for x, _ in zip(stream_examples(states, compact, seed=2), range(10),
+                                                          strict=False))
+
+
+def test_data_workers_draw_the_same_kind_of_sequences_and_stop(states, processor):
+    """``train.data_workers``: forked processes draw and tokenize sequences; the stream yields encoded
+    sequences with answers and its workers end when it is closed."""
+    import multiprocessing as mp
+
+    from mobilerl.models.pretrain import worker_stream
+
+    cfg = DataConfig(max_len=384, questions=8, ramp=0.0)
+    progress = {"p": 0.0}
+    stream = worker_stream(states, cfg, processor, seed=5, workers=2, attn_pairs=False, progress=progress)
+    got = [next(stream) for _ in range(12)]
+    assert all(e.answer_spans and len(e.input_ids) <= 384 for e in got)
+    assert "shared" in progress and len(mp.active_children()) >= 2
+    stream.close()
+    assert not [p for p in mp.active_children() if p.is_alive()]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pretraining_runs_on_cuda(states, tokenizer, tmp_path):
+    from mobilerl.models.pretrain import Profile, TrainConfig, pretrain
+
+    profile = Profile(model=SMALL, data=DataConfig(max_len=384, questions=12, ramp=0.0),
+                      train=TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=1536, max_steps=20, log_every=5,
+                                        probe_every=10, probe_items=3, device="cuda", data_workers=1,
+                                        attn_sup=0.1))
+    model, _, summary = pretrain(profile, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
+                                 log=lambda _: None)
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()
+              if '"train"' in x]
+    assert summary["steps"] == 20 and losses[-1] < losses[0] and model.device.type == "cpu"

@@ -63,6 +63,10 @@ class TrainConfig:
     save_every_minutes: float = 10.0
     threads: int = 2
     seed: int = 0
+    device: str = "cpu"  # torch device of the model and batches ("cuda" where one is lent; the CPU is the default)
+    # Processes that draw and tokenize sequences beside the training loop (0: in the loop, one stream, the
+    # released recipe's order). One CPU core draws ~270k tokens/s: enough for CPU training, not for a GPU.
+    data_workers: int = 0
     # Attention supervision: weight of a loss that points heads of one layer, at the position predicting a
     # copied answer token (a box number, a read value, a span word), at that token's source in the prompt
     # (Encoded.attn_pairs). 0: off. A training signal only: the model's architecture is unchanged.
@@ -226,7 +230,7 @@ def attention_loss(q: Any, k: Any, pairs: Any, heads: int, scaling: float) -> tu
         sel = pairs[pairs[:, 0] == b]
         qp, kp = sel[:, 1], sel[:, 2]
         scores = torch.einsum("hnd,htd->hnt", q[b, :heads, qp], k[b, :heads]) * scaling  # (h, n, T)
-        future = torch.arange(k.shape[2]).unsqueeze(0) > qp.unsqueeze(1)  # (n, T): causal
+        future = torch.arange(k.shape[2], device=k.device).unsqueeze(0) > qp.unsqueeze(1)  # (n, T): causal
         scores = scores.masked_fill(future.unsqueeze(0), float("-inf"))
         logp = scores.log_softmax(-1)
         idx = kp.view(1, -1, 1).expand(scores.shape[0], -1, 1)
@@ -245,7 +249,9 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | No
     import torch
     import torch.nn.functional as F
 
-    extra = dict(extra)
+    dev = model.device
+    ids, w = ids.to(dev), w.to(dev)
+    extra = {k: v.to(dev) for k, v in extra.items()}
     pairs = extra.pop("attn_pairs", None)
     # Right padding needs no attention mask under causal attention: no real token attends a pad.
     hidden = model.model(input_ids=ids, use_cache=False, **extra).last_hidden_state  # (B, T, H)
@@ -271,6 +277,53 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | No
         loss = loss + attn["weight"] * a_loss
         stats.update({"attn_loss": a_loss.item(), "attn_acc": a_acc, "attn_pairs": int(len(pairs))})
     return loss, stats
+
+
+def encoded_stream(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, seed: int, attn_pairs: bool,
+                   progress: Any = None) -> Iterator[Encoded]:
+    """Endless tokenized training sequences (those with at least one answer left after the cut)."""
+    for x in stream_examples(states, dcfg, seed=seed, progress=progress):
+        e = encode(x, processor, dcfg, attn_pairs=attn_pairs)
+        if e.answer_spans:
+            yield e
+
+
+def _worker(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, seed: int, attn_pairs: bool,
+            shared: Any, queue: Any) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    for e in encoded_stream(states, dcfg, processor, seed, attn_pairs, lambda: shared.value):
+        queue.put(e)
+
+
+def worker_stream(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, seed: int, workers: int,
+                  attn_pairs: bool, progress: dict[str, Any]) -> Iterator[Encoded]:
+    """:func:`encoded_stream` drawn by ``workers`` forked processes (seeds ``seed + i``), interleaved as
+    they come. The training progress (the curriculum) reaches them through a shared value that the loop
+    updates (``progress["shared"]``). Fork start: the states are inherited, not pickled."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    shared = ctx.Value("d", progress["p"], lock=False)
+    progress["shared"] = shared
+    queue = ctx.Queue(maxsize=64 * workers)
+    procs = [ctx.Process(target=_worker, args=(states, dcfg, processor, seed + i, attn_pairs, shared, queue),
+                         daemon=True) for i in range(workers)]
+    for p in procs:
+        p.start()  # now, not at the first batch
+
+    def drain() -> Iterator[Encoded]:
+        try:
+            while True:
+                yield queue.get(timeout=600)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.join(timeout=5)
+
+    return drain()
 
 
 def lr_at(step: int, cfg: TrainConfig, minutes: float = 0.0) -> float:
@@ -357,7 +410,7 @@ def pretrain(
     ckpt_path = work / "last.pt"
     state: dict[str, Any] | None = None
     if ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
         from tokenizers import Tokenizer
 
         tokenizer = wrap(Tokenizer.from_str(state["tokenizer"]))
@@ -373,6 +426,16 @@ def pretrain(
         log(f"initialised from {profile.init}")
     else:
         model = tiny.build_model(profile.model, tokenizer, seed=cfg.seed)
+    # The data stream starts before the model moves to its device: workers fork from a process with no CUDA.
+    step0 = state["step"] if state is not None else 0
+    progress = {"p": step0 / max(1, cfg.max_steps)}
+    seed = cfg.seed * 1_000_003 + step0
+    if cfg.data_workers > 0:
+        encoded = worker_stream(train_states, dcfg, processor, seed, cfg.data_workers, cfg.attn_sup > 0, progress)
+    else:
+        encoded = encoded_stream(train_states, dcfg, processor, seed, cfg.attn_sup > 0, lambda: progress["p"])
+    batches = length_bucketed(encoded, cfg.batch_tokens, random.Random(cfg.seed + step0))
+    model.to(cfg.device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "embed" in n]
     opt = torch.optim.AdamW(
@@ -392,13 +455,6 @@ def pretrain(
         f"vocab {len(tokenizer)}; probe items {len(probe_items)}")
 
     ids_special = tiny.special_ids(tokenizer)
-    progress = {"p": step / max(1, cfg.max_steps)}
-    stream = stream_examples(train_states, dcfg, seed=cfg.seed * 1_000_003 + step, progress=lambda: progress["p"])
-    batches = length_bucketed(
-        (e for e in (encode(x, processor, dcfg, attn_pairs=cfg.attn_sup > 0) for x in stream) if e.answer_spans),
-        cfg.batch_tokens,
-        random.Random(cfg.seed + step),
-    )
     curve = (work / "curve.jsonl").open("a")
     t_start = time.time()
     t_save = time.time()
@@ -457,6 +513,8 @@ def pretrain(
         tokens += int(ids.numel())
         win_tokens += int(ids.numel())
         progress["p"] = step / cfg.max_steps
+        if "shared" in progress:
+            progress["shared"].value = progress["p"]
         window.append(loss.item())
         if step % cfg.log_every == 0:
             dt = time.time() - t_win
@@ -479,6 +537,8 @@ def pretrain(
     if not last_probe or step % cfg.probe_every:
         last_probe = run_probe()
     curve.close()
+    getattr(encoded, "close", lambda: None)()
+    model.to("cpu")
     if attn is not None:
         disable_attention_capture(model)
     model.eval()

@@ -597,6 +597,10 @@ class DataConfig:
     system_style: str = "full"  # policy prompt: style of the system prompt (mobilerl.agent.prompt.PROMPT_STYLES)
     copy_punct: bool = False  # attention supervision on every token of a copied answer, punctuation and spaces too
     copy_well_posed: bool = False  # span-copy questions only where the span ends at punctuation, a quote or the end
+    # Share of sequences that pack several oracle screens' policy turns (the agent's prompt and the expert's
+    # next action, each its own chat) up to max_len, instead of one screen with many questions: more
+    # next-action examples per token (with prompt: policy only).
+    act_pack: float = 0.0
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -924,7 +928,12 @@ def stream_examples(
         if s.action and s.action.startswith('do(action="Type"')
         and (A.parse_action(s.action).text or "\0") in s.instruction
     ]
+    act_states = [s for s in states if s.action and s.nodes] if cfg.act_pack > 0 and cfg.prompt == "policy" else []
     while True:
+        if act_states and rng.random() < cfg.act_pack:
+            yield packed_act_example([act_states[rng.randrange(len(act_states))] for _ in range(ACT_PACK_DRAW)],
+                                     rng, cfg)
+            continue
         if type_states and rng.random() < cfg.type_frac:
             st = type_states[rng.randrange(len(type_states))]
         else:
@@ -941,6 +950,23 @@ def stream_examples(
         ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
         if ex.messages:
             yield ex
+
+
+ACT_PACK_DRAW = 4  # screens drawn per packed sequence; encode() keeps the whole chats that fit in max_len
+
+
+def packed_act_example(states: Sequence[ScreenState], rng: random.Random, cfg: DataConfig) -> Example:
+    """One sequence of several independent policy turns: for each state, (the system prompt with probability
+    ``system_prob``,) the agent's user prompt on the full screen, and the expert's next action."""
+    msgs: list[dict[str, Any]] = []
+    for st in states:
+        lines = render_lines(st.nodes, st.width, st.height, cfg.coords, cfg.numbered or cfg.grounding == "index")
+        qa = QA("act", ACT_QUESTION, expert_answer(st, st.nodes, cfg.coords, cfg.grounding))
+        if rng.random() < cfg.system_prob:
+            msgs.append(system_message(cfg))
+        msgs.append({"role": "user", "content": question_turn(st, "\n".join(lines), qa, cfg)})
+        msgs.append({"role": "assistant", "content": wrap_answer(qa, cfg)})
+    return Example(msgs, ["act"] * len(states))
 
 
 def corpus_texts(states: Iterable[ScreenState], rng: random.Random | None = None) -> Iterator[str]:

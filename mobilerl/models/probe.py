@@ -152,6 +152,7 @@ def score_teacher_forced(
             ids = torch.full((len(encs), T), pad, dtype=torch.long)
             for b, e in enumerate(encs):
                 ids[b, : len(e.input_ids)] = torch.tensor(e.input_ids)
+            ids = ids.to(model.device)
             hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             for b, (e, it) in enumerate(zip(encs, batch, strict=True)):
                 total[it.kind] += 1
@@ -197,7 +198,7 @@ def score_generate(
     try:
         for batch in _batches(list(items), batch_size):
             prompts = [chat_text(it.example.messages[:-1]) + "<|im_start|>assistant\n" for it in batch]
-            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             with torch.no_grad():
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
             new = out[:, enc["input_ids"].shape[1] :]
@@ -265,7 +266,7 @@ def rollout_success(
                     screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
                     msgs = _ask(st, screen, QA("act", ACT_QUESTION, ""), cfg)
                     prompts.append(chat_text(msgs) + "<|im_start|>assistant\n")
-                enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
                 with torch.no_grad():
                     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
                 texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Pretraining recipes of the tiny base, several at once on one GPU: a bench for what the 2-core rebuild
+# would give, in minutes instead of hours (the same model, steps and tokens per step as configs/tiny.yaml,
+# so a variant's figures at 8,000 steps stand for a CPU rebuild of that recipe; see docs/tiny_base.md,
+# "Recipes measured on a GPU").
+#
+#   bash scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]       # MINUTES: each run's clock budget (default 6)
+#
+# Collects the train-split screens once (16 processes), then trains every variant below in its own process
+# (train.device=cuda, 2 data workers each), each with the released base's tokenizer so that the figures
+# compare with models/tiny-base. OUT_DIR/<variant>.tgz holds the run's log, curve (with the in-training
+# probe, next action included) and the saved model; a model too large to come back (> 12 MB) is given the
+# release probe there (scripts/probe_tiny_base.py, on the GPU, probe.json) and comes back without weights. On a bare GPU image (torch only) the wheels under .whl/ are
+# installed first (pydantic, transformers / tokenizers at the versions of constraints.txt), as
+# scripts/gpu_check.sh does.
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]}
+MIN=${2:-6}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+PY=${PY:-python3}
+DEV=${DEV:-cuda}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/mpl TOKENIZERS_PARALLELISM=false
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+WORK=${WORK:-/tmp/sweep}
+STATES=$WORK/states
+mkdir -p "$STATES"
+t0=$(date +%s)
+if [ ! -f "$STATES/train.jsonl.gz" ]; then
+  $PY - "$STATES" "${COLLECT_WORKERS:-16}" <<'EOF' || exit 1
+import sys
+from pathlib import Path
+from mobilerl.models.pretrain import load_profile, prepare_states
+from mobilerl.models.pretrain_data import save_states
+out, workers = Path(sys.argv[1]), sys.argv[2]
+train, test = prepare_states(load_profile("configs/tiny.yaml", [f"train.threads={workers}"]))
+save_states(train, out / "train.jsonl.gz")
+save_states(test, out / "test.jsonl.gz")
+print(f"{len(train)} train / {len(test)} held-out screens")
+EOF
+fi
+cp models/tiny-base/tokenizer.json "$STATES/tokenizer_4096_split.json"
+echo "screens ready in $(( $(date +%s) - t0 ))s"
+
+run() {  # name, then profile overrides
+  local name=$1; shift
+  local w=$WORK/$name
+  mkdir -p "$w"
+  $PY -m mobilerl.models.pretrain configs/tiny.yaml "$w" --states "$STATES" --out "$w/model" \
+    --set train.device=$DEV --set train.data_workers=${DATA_WORKERS:-2} --set train.threads=1 \
+    --set train.max_minutes=$MIN --set train.save_every_minutes=1000 \
+    --set "train.probe_kinds=[ground,read,copy,type,act]" "$@" >"$w/log.txt.out" 2>&1
+  # at most 16 MiB a file comes back: a wider model is probed here and comes back without its weights;
+  # the released shape comes back whole, to be probed (and fine-tuned) on the CPU machine
+  if [ "$(du -m "$w/model/model.safetensors" | cut -f1)" -gt 12 ]; then
+    $PY scripts/probe_tiny_base.py --model "$w/model" --states "$STATES" --device "$DEV" --threads 1 --json \
+      >"$w/probe.json" 2>>"$w/log.txt.out"
+    rm "$w/model/model.safetensors"
+  fi
+  rm -f "$w/last.pt"
+  tar czf "$OUT/$name.tgz" -C "$WORK" "$name"
+  echo "$name: $(grep -h '"steps"' "$w/log.txt" | tail -1 | cut -c1-400)"
+}
+
+VARIANTS=${VARIANTS:-all}
+if [ "$VARIANTS" = all ]; then
+  run b1 &                                                   # the released recipe (control)
+  run pack5 --set data.act_pack=0.5 &                        # half the sequences: packed next-action turns
+  run pack8 --set data.act_pack=0.8 &
+  run b1_x4 --set train.max_steps=32000 --set train.probe_every=1000 &  # 4x the steps (clock-capped)
+  run w256_pack5_x4 --set model.hidden_size=256 --set model.num_hidden_layers=4 --set model.num_attention_heads=8 \
+    --set model.num_key_value_heads=8 --set model.intermediate_size=768 --set data.act_pack=0.5 \
+    --set train.max_steps=32000 --set train.probe_every=1000 &
+else
+  # smoke test: VARIANTS=smoke, a few steps of one variant
+  run smoke --set data.act_pack=0.5 --set train.stop_step=${SMOKE_STEPS:-20} --set train.probe_items=5 &
+fi
+wait
+echo "all done in $(( $(date +%s) - t0 ))s"
