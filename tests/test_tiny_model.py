@@ -473,6 +473,12 @@ def test_packed_next_action_sequences_hold_several_policy_turns(states, processo
     mixed = DataConfig(prompt="policy", act_pack=0.5, weights={"ground": 1.0, "read": 1.0, "act": 20.0})
     kinds = [set(e.kinds) for e in (x for x, _ in zip(stream_examples(states, mixed, seed=1), range(40), strict=False))]
     assert any(k == {"act"} for k in kinds) and any(k - {"act"} for k in kinds)
+    later = DataConfig(prompt="policy", act_pack=1.0, act_pack_from=0.5, weights={"ground": 1.0, "act": 20.0})
+    at = {"p": 0.2}
+    stream = stream_examples(states, later, seed=4, progress=lambda: at["p"])
+    assert set(next(stream).kinds) != {"act"}  # before act_pack_from: screens with many questions
+    at["p"] = 0.6
+    assert set(next(stream).kinds) == {"act"}
     compact = DataConfig(act_pack=1.0, weights={"ground": 1.0, "act": 20.0})  # packing is for the policy prompt
     assert all(x.kinds.count("act") <= 1 for x, _ in zip(stream_examples(states, compact, seed=2), range(10),
                                                           strict=False))

@@ -601,6 +601,7 @@ class DataConfig:
     # next action, each its own chat) up to max_len, instead of one screen with many questions: more
     # next-action examples per token (with prompt: policy only).
     act_pack: float = 0.0
+    act_pack_from: float = 0.0  # training progress (0-1) from which act_pack applies (reading is learnt first)
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -930,7 +931,7 @@ def stream_examples(
     ]
     act_states = [s for s in states if s.action and s.nodes] if cfg.act_pack > 0 and cfg.prompt == "policy" else []
     while True:
-        if act_states and rng.random() < cfg.act_pack:
+        if act_states and rng.random() < cfg.act_pack and (progress() if progress else 1.0) >= cfg.act_pack_from:
             yield packed_act_example([act_states[rng.randrange(len(act_states))] for _ in range(ACT_PACK_DRAW)],
                                      rng, cfg)
             continue
