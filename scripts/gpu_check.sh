@@ -20,16 +20,7 @@ OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [CHECKPOINT]}
 CKPT=${2:-data/checkpoints/sft_reasoning_free}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-PY=${PY:-python3}
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/mpl
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source scripts/gpu_env.sh
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 devices="cpu:fp32"
 $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && devices="cpu:fp32,cuda:fp32,cuda:bf16"

@@ -12,24 +12,15 @@
 # probe, next action included) and the saved model; a model too large to come back (> 12 MB) is given the
 # release probe there (scripts/probe_tiny_base.py, on the GPU, probe.json) and comes back without weights. On a bare GPU image (torch only) the wheels under .whl/ are
 # installed first (pydantic, transformers / tokenizers at the versions of constraints.txt), as
-# scripts/gpu_check.sh does.
+# scripts/gpu_check.sh does (scripts/gpu_env.sh).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]}
 MIN=${2:-6}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-PY=${PY:-python3}
+source scripts/gpu_env.sh
 DEV=${DEV:-cuda}
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/mpl TOKENIZERS_PARALLELISM=false
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 WORK=${WORK:-/tmp/sweep}
 STATES=$WORK/states
 mkdir -p "$STATES"
