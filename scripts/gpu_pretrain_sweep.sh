@@ -10,9 +10,8 @@
 # (train.device=cuda, 2 data workers each), each with the released base's tokenizer so that the figures
 # compare with models/tiny-base. OUT_DIR/<variant>.tgz holds the run's log, curve (with the in-training
 # probe, next action included) and the saved model; a model too large to come back (> 12 MB) is given the
-# release probe there (scripts/probe_tiny_base.py, on the GPU, probe.json) and comes back without weights. On a bare GPU image (torch only) the wheels under .whl/ are
-# installed first (pydantic, transformers / tokenizers at the versions of constraints.txt), as
-# scripts/gpu_check.sh does (scripts/gpu_env.sh).
+# release probe there (scripts/probe_tiny_base.py, on the GPU, probe.json) and comes back without weights.
+# On a bare GPU image (torch only) the wheels under .whl/ are installed first (scripts/gpu_env.sh).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]}
 MIN=${2:-6}
