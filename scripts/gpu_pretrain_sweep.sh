@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pretraining recipes of the tiny base, several at once on one GPU: a bench for what the 2-core rebuild
-# would give, in minutes instead of hours (the same model, steps and tokens per step as configs/tiny.yaml,
-# so a variant's figures at 8,000 steps stand for a CPU rebuild of that recipe; see docs/tiny_base.md,
+# would give, in minutes instead of hours (the same model and tokens per step as configs/tiny.yaml: a variant
+# run to 8,000 steps stands for a CPU rebuild of that recipe; five at once ran ~15 steps/s each on an H200,
+# so that takes ~9 minutes, and a shorter MINUTES ends each run earlier, annealed; see docs/tiny_base.md,
 # "Recipes measured on a GPU").
 #
 #   bash scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]       # MINUTES: each run's clock budget (default 6)
