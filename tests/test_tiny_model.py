@@ -499,6 +499,9 @@ def test_data_workers_draw_the_same_kind_of_sequences_and_stop(states, processor
     assert "shared" in progress and len(mp.active_children()) >= 2
     stream.close()
     assert not [p for p in mp.active_children() if p.is_alive()]
+    broken = worker_stream([], cfg, processor, seed=5, workers=1, attn_pairs=False, progress={"p": 0.0})
+    with pytest.raises(RuntimeError, match="data worker"):  # a worker that dies is an error, not a hang
+        next(broken)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -24,7 +24,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,7 +280,7 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | No
 
 
 def encoded_stream(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, seed: int, attn_pairs: bool,
-                   progress: Any = None) -> Iterator[Encoded]:
+                   progress: Any = None) -> Generator[Encoded, None, None]:
     """Endless tokenized training sequences (those with at least one answer left after the cut)."""
     for x in stream_examples(states, dcfg, seed=seed, progress=progress):
         e = encode(x, processor, dcfg, attn_pairs=attn_pairs)
@@ -298,7 +298,7 @@ def _worker(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, see
 
 
 def worker_stream(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, seed: int, workers: int,
-                  attn_pairs: bool, progress: dict[str, Any]) -> Iterator[Encoded]:
+                  attn_pairs: bool, progress: dict[str, Any]) -> Generator[Encoded, None, None]:
     """:func:`encoded_stream` drawn by ``workers`` forked processes (seeds ``seed + i``), interleaved as
     they come. The training progress (the curriculum) reaches them through a shared value that the loop
     updates (``progress["shared"]``). Fork start: the states are inherited, not pickled."""
@@ -313,10 +313,17 @@ def worker_stream(states: Sequence[ScreenState], dcfg: DataConfig, processor: An
     for p in procs:
         p.start()  # now, not at the first batch
 
-    def drain() -> Iterator[Encoded]:
+    def drain() -> Generator[Encoded, None, None]:
+        import queue as queue_mod
+
         try:
             while True:
-                yield queue.get(timeout=600)
+                try:
+                    yield queue.get(timeout=5)
+                except queue_mod.Empty:
+                    dead = [p.exitcode for p in procs if not p.is_alive()]
+                    if dead:  # its traceback went to stderr
+                        raise RuntimeError(f"pretraining data worker(s) exited with code(s) {dead}") from None
         finally:
             for p in procs:
                 p.terminate()
@@ -537,7 +544,7 @@ def pretrain(
     if not last_probe or step % cfg.probe_every:
         last_probe = run_probe()
     curve.close()
-    getattr(encoded, "close", lambda: None)()
+    encoded.close()  # ends the data workers, if any
     model.to("cpu")
     if attn is not None:
         disable_attention_capture(model)
