@@ -297,18 +297,24 @@ def _worker(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, see
         queue.put(e)
 
 
+def shared_progress(value: float = 0.0) -> Any:
+    """The training progress (0-1) as a double in shared memory (``.value``): the loop sets it, the data
+    stream reads it (the curriculum, ``data.act_pack_from``), in this process or in forked data workers."""
+    import multiprocessing as mp
+
+    return mp.get_context("fork").Value("d", value, lock=False)
+
+
 def worker_stream(states: Sequence[ScreenState], dcfg: DataConfig, processor: Any, seed: int, workers: int,
-                  attn_pairs: bool, progress: dict[str, Any]) -> Generator[Encoded, None, None]:
+                  attn_pairs: bool, progress: Any) -> Generator[Encoded, None, None]:
     """:func:`encoded_stream` drawn by ``workers`` forked processes (seeds ``seed + i``), interleaved as
-    they come. The training progress (the curriculum) reaches them through a shared value that the loop
-    updates (``progress["shared"]``). Fork start: the states are inherited, not pickled."""
+    they come; ``progress`` is a :func:`shared_progress` the loop updates. Fork start: the states are
+    inherited, not pickled."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
-    shared = ctx.Value("d", progress["p"], lock=False)
-    progress["shared"] = shared
     queue = ctx.Queue(maxsize=64 * workers)
-    procs = [ctx.Process(target=_worker, args=(states, dcfg, processor, seed + i, attn_pairs, shared, queue),
+    procs = [ctx.Process(target=_worker, args=(states, dcfg, processor, seed + i, attn_pairs, progress, queue),
                          daemon=True) for i in range(workers)]
     for p in procs:
         p.start()  # now, not at the first batch
@@ -435,12 +441,12 @@ def pretrain(
         model = tiny.build_model(profile.model, tokenizer, seed=cfg.seed)
     # The data stream starts before the model moves to its device: workers fork from a process with no CUDA.
     step0 = state["step"] if state is not None else 0
-    progress = {"p": step0 / max(1, cfg.max_steps)}
+    progress = shared_progress(step0 / max(1, cfg.max_steps))
     seed = cfg.seed * 1_000_003 + step0
     if cfg.data_workers > 0:
         encoded = worker_stream(train_states, dcfg, processor, seed, cfg.data_workers, cfg.attn_sup > 0, progress)
     else:
-        encoded = encoded_stream(train_states, dcfg, processor, seed, cfg.attn_sup > 0, lambda: progress["p"])
+        encoded = encoded_stream(train_states, dcfg, processor, seed, cfg.attn_sup > 0, lambda: progress.value)
     batches = length_bucketed(encoded, cfg.batch_tokens, random.Random(cfg.seed + step0))
     model.to(cfg.device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
@@ -519,9 +525,7 @@ def pretrain(
         step += 1
         tokens += int(ids.numel())
         win_tokens += int(ids.numel())
-        progress["p"] = step / cfg.max_steps
-        if "shared" in progress:
-            progress["shared"].value = progress["p"]
+        progress.value = step / cfg.max_steps
         window.append(loss.item())
         if step % cfg.log_every == 0:
             dt = time.time() - t_win

@@ -603,6 +603,11 @@ class DataConfig:
     act_pack: float = 0.0
     act_pack_from: float = 0.0  # training progress (0-1) from which act_pack applies (reading is learnt first)
 
+    @property
+    def numbered_lines(self) -> bool:
+        """Whether screen lines carry their number (asked for, or needed by index grounding)."""
+        return self.numbered or self.grounding == "index"
+
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
     """How many lines of a screen to show at training progress ``progress`` in [0, 1]."""
@@ -677,7 +682,7 @@ def build_example(
     spans: Sequence[str] = (),
 ) -> Example:
     """A chat (``messages``) asking many questions about one (possibly windowed) screen."""
-    numbered = cfg.numbered or cfg.grounding == "index"
+    numbered = cfg.numbered_lines
     k = curriculum_lines(progress, cfg, len(state.nodes), rng)
     full = k >= len(state.nodes)
     if full:
@@ -961,7 +966,7 @@ def packed_act_example(states: Sequence[ScreenState], rng: random.Random, cfg: D
     ``system_prob``,) the agent's user prompt on the full screen, and the expert's next action."""
     msgs: list[dict[str, Any]] = []
     for st in states:
-        lines = render_lines(st.nodes, st.width, st.height, cfg.coords, cfg.numbered or cfg.grounding == "index")
+        lines = render_lines(st.nodes, st.width, st.height, cfg.coords, cfg.numbered_lines)
         qa = QA("act", ACT_QUESTION, expert_answer(st, st.nodes, cfg.coords, cfg.grounding))
         if rng.random() < cfg.system_prob:
             msgs.append(system_message(cfg))

@@ -87,7 +87,7 @@ def build_items(
     from mobilerl.models.pretrain_data import instruction_spans, typed_texts, well_posed_span
 
     rng = random.Random(seed)
-    numbered = cfg.numbered or cfg.grounding == "index"
+    numbered = cfg.numbered_lines
     typed = typed_texts(states)
     by_kind: dict[str, list[ProbeItem]] = defaultdict(list)
     order = list(range(len(states)))
@@ -238,7 +238,7 @@ def rollout_success(
     from mobilerl.models.pretrain_data import resolve_index_action
 
     tok = processor.tokenizer
-    numbered = cfg.numbered or cfg.grounding == "index"
+    numbered = cfg.numbered_lines
     results: dict[str, bool] = {}
     steps: dict[str, int] = {}
     model.eval()
