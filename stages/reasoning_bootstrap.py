@@ -28,6 +28,7 @@ import asyncio
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,7 +111,7 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
 
     sft_stats = read_json(sft_dir / "stats.json")
     fmt = PromptFormat.of_dataset(sft_stats)
-    teacher_fmt = PromptFormat(fmt.mode, cfg.teacher_prompt_style or fmt.style, fmt.max_history)
+    teacher_fmt = replace(fmt, style=cfg.teacher_prompt_style or fmt.style)
     carried = format_stats(sft_stats)
     episodes = episodes_by_split(source_stores(sft_stats, stores), carried["val_fraction"], carried["seed"],
                                  carried["coords"])

@@ -41,9 +41,9 @@ class SftDataConfig(StageConfig):
     mode: Literal["xml", "screenshot", "screenshot+xml"] = Field("screenshot+xml", description="Observation mode.")
     prompt_style: Literal["full", "compact"] = Field(
         "full", description="System prompt: full (action space spelled out; large profiles) or compact (tiny).")
-    coords: Literal["abs", "rel"] = Field(
-        "abs", description="Coordinate frame of screen bounds and actions: abs (pixels, the paper's) or rel "
-                           "(the 0-999 grid the tiny base was pretrained on).")
+    coords: Literal["abs", "rel", "marks"] = Field(
+        "abs", description="Coordinate frame of screen bounds and actions: abs (pixels, the paper's), rel "
+                           "(the 0-999 grid) or marks (numbered lines, index actions); the base's frame.")
     reasoning: bool = Field(False, description="Keep <think> of the data (reasoning-free SFT: false).")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of tasks held out for validation.")
     max_history: int | None = Field(None, ge=0, description="Previous actions shown (null: all).")

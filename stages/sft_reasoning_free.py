@@ -14,6 +14,7 @@ evaluates with (``generation:`` of the profile): a mismatch is an error before a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +66,19 @@ def check_prompt_format(dataset_dir: Path, profile: Any) -> dict[str, Any]:
     return fmt
 
 
+def check_base_frame(base: Path, coords: str) -> None:
+    """``ValueError`` when ``base`` was pretrained (tiny profile: ``tiny.json``) on another screen frame than
+    the dataset's ``coords``: a base taught boxes on the 0-999 grid cannot read numbered lines, and back."""
+    meta = Path(base) / "tiny.json"
+    if not meta.exists():
+        return  # not a pretrained tiny base (a large profile's weights): nothing recorded to check
+    info = json.loads(meta.read_text())
+    frame = info.get("profile", {}).get("data", {}).get("coords")
+    if frame is not None and frame != coords and "random_init_of" not in info:
+        raise ValueError(f"{base} was pretrained on screens in the {frame!r} frame, but the SFT data is in "
+                         f"{coords!r} (params sft_data.coords and the profile's generation.coords must be the base's)")
+
+
 def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base: Path | None = None,
           prefix: str = "") -> dict[str, Any]:
     """Train ``cfg`` into ``out``; logs the loss curve (``{prefix}loss/train``) and summary to the active
@@ -78,6 +92,8 @@ def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base:
     if cfg.init == "random":
         base = random_init_like(base, out.parent / f"{out.name}.init")
     fmt = check_prompt_format(dataset_dir, profile) if cfg.check_prompt_format else None
+    if fmt is not None:
+        check_base_frame(base, fmt["coords"])
     result = train_sft(profile, base=base, dataset=cfg.dataset, dataset_dir=dataset_dir, output_dir=out,
                        overrides={k: v for k, v in cfg.overrides.items() if v is not None},
                        timeout_s=cfg.timeout_minutes * 60 if cfg.timeout_minutes else None)
@@ -94,7 +110,6 @@ def train(cfg: SFTStageConfig, out: Path, dataset_dir: Path | None = None, base:
 
 def random_init_like(base: Path, where: Path) -> Path:
     """A randomly initialised copy of the tiny checkpoint ``base`` (same config and tokenizer) at ``where``."""
-    import json
 
     from mobilerl.models import tiny
     from mobilerl.models.pretrain import Profile

@@ -81,3 +81,17 @@ def test_relative_grid_conversion():
         to_absolute((0, 0, 1000, 5), 1080, 2400)
     a = convert_action(Action("Tap", element=box), 1080, 2400, "relative")
     assert a.element == rel and convert_action(Action("Back"), 1080, 2400, "relative") == Action("Back")
+
+
+def test_index_actions_parse_format_and_reject_ambiguity():
+    from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
+
+    a = parse_action('<think>the switch</think><answer>do(action="Tap", index=7)</answer>')
+    assert a == Action("Tap", index=7) and a.element is None and a.center is None
+    assert parse_action(format_action(a)) == a and Action.from_dict(a.to_dict()) == a
+    assert "index" not in parse_action('do(action="Tap", element=[1,2,3,4])').to_dict()  # old records unchanged
+    for bad, why in [('do(action="Tap", index=1, element=[1,2,3,4])', "not both"),
+                     ('do(action="Tap", index="3")', "integer"), ('do(action="Tap", index=-1)', "index"),
+                     ('do(action="Type", text="a", index=2)', "unexpected")]:
+        with pytest.raises(ActionParseError, match=why):
+            parse_action(bad)

@@ -271,3 +271,40 @@ def test_our_expert_trajectories_are_step_data_and_grid_policies_are_judged_in_p
     _, framed = in_frame("", ep.actions[1].action, (ep.width, ep.height), "rel")
     assert framed.element != ep.actions[1].action.element  # a Tap: grid and pixels differ
     assert render_response(framed) in grid.prompts[2]  # the replaced step, on the grid
+
+
+def test_a_marks_frame_policy_is_judged_on_the_box_of_the_line_it_names():
+    from mobilerl.agent import OraclePolicy
+    from mobilerl.agent.model_policy import ModelPolicy
+    from mobilerl.agent.prompt import in_frame, render_response
+    from mobilerl.env.sim.tasks import get_task
+    from mobilerl.eval import evaluate_sync
+    from mobilerl.eval.androidcontrol import from_trajectory
+    from mobilerl.models.generation import Generation, SamplingConfig
+
+    [traj] = evaluate_sync(lambda seed: OraclePolicy(), [get_task("world/test/ContactsAddContact/0")],
+                           perturb="none", progress=False)
+    ep = from_trajectory(traj)
+    taps = [i for i, g in enumerate(ep.actions) if g.action.name == "Tap"]
+    wrong = taps[0]
+
+    class Marks:  # answers the expert's line, except at one tap, where it names the line before
+        def __init__(self):
+            self.prompts = []
+
+        async def generate(self, requests, sampling):
+            self.prompts.append(requests[0].messages[1]["content"])
+            i = len(self.prompts) - 1
+            _, a = in_frame(ep.observations[i], ep.actions[i].action, None, "marks")
+            if i == wrong:
+                a = Action("Tap", index=a.index - 1)
+            return [Generation(render_response(a), [1], [-0.1], "stop")]
+
+    marks = Marks()
+    policy = ModelPolicy(marks, obs_mode="xml", sampling=SamplingConfig(temperature=0), coords="marks",
+                         prompt_style="compact")
+    res = asyncio.run(run_androidcontrol(policy, [ep], mode="high", concurrency=1, frame="marks"))
+    assert [s.judgement.success for s in res.steps] == [i != wrong for i in range(len(ep.actions))]
+    assert "[x1,y1]" not in marks.prompts[0] and ";[0]" in marks.prompts[0]
+    _, framed = in_frame(ep.observations[wrong], ep.actions[wrong].action, None, "marks")
+    assert render_response(framed) in marks.prompts[wrong + 1]  # the replaced step names the expert's line

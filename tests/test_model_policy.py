@@ -136,6 +136,20 @@ def test_grid_frame_policy_sees_grid_bounds_and_acts_in_pixels():
         ModelPolicy(_Fixed(""), coords="pixels")
 
 
+def test_marks_frame_policy_sees_numbered_lines_and_acts_on_the_line_box():
+    task = short_task(3)
+    obs = CounterEnv().reset(task)
+    xml = "TextView;;Count: 0;[0,0][500,100]\nButton;clickable;Add;[390,1100][690,1300]"
+    ctx = PolicyContext(task, obs, xml, (), 0, "e#0")
+    policy = ModelPolicy(_Fixed('<answer>do(action="Tap", index=1)</answer>'), obs_mode="xml", coords="marks")
+    screen = policy.request(ctx).messages[1]["content"]
+    assert "Button;clickable;Add;[1]" in screen and "[390,1100]" not in screen
+    out = asyncio.run(policy.act(ctx))
+    assert prompt.parse_action(out.action_text).element == (390, 1100, 690, 1300)
+    far = asyncio.run(ModelPolicy(_Fixed('<answer>do(action="Tap", index=9)</answer>'), coords="marks").act(ctx))
+    assert far.action_text.startswith("invalid (index=9 names no element")
+
+
 class _Counting(_Fixed):
     calls = 0
 

@@ -169,3 +169,29 @@ def test_reasoning_records_carry_the_kept_explanations_in_their_histories(trajs)
         reasoning_records([ep], explained, fmt, {"launch": 2.0})
     with pytest.raises(ValueError, match="prompt style"):
         PromptFormat("xml", "tiny")
+
+
+def test_marks_frame_teacher_answers_with_the_experts_line(trajs):
+    """In the marks frame the steps show numbered lines, the expert's taps name a line, and the teacher,
+    reasoning in pixels, answers with that line's index (and a wrong tap names another line)."""
+    assert not actions_match(Action("Tap", index=3), Action("Tap", index=4))
+    eps = expert_episodes(trajs, coords="marks")
+    steps = [st for ep in eps for st in ep]
+    fmt = PromptFormat("xml", "compact", 4, "marks")
+    taps = [st for st in steps if st.action.name == "Tap"]
+    assert taps and all(st.action.index is not None and st.action.element is None for st in taps)
+    for st in taps:  # the index names the line whose pixel box the expert tapped
+        line = st.xml_compressed.splitlines()[st.action.index]
+        assert line.endswith(f"[{st.action.index}]")
+        assert st.screen_px.splitlines()[st.action.index].endswith(
+            "[{},{}][{},{}]".format(*st.action_px.element))
+    assert "Class;flags;label;[index]" in taps[0].messages(fmt)[1]["content"]
+    teacher = SimTeacher(p_wrong=0.5)
+    for st in steps:
+        teacher.register(st, fmt)
+    cands = asyncio.run(propose(teacher, steps, k=4, sampling=SamplingConfig(temperature=1.0, seed=2), fmt=fmt))
+    flat = [(st, c) for st, cs in zip(steps, cands, strict=True) for c in cs]
+    assert all(c.action.element is None for _, c in flat)  # no pixel box leaks into a marks answer
+    right = [(st, c) for st, c in flat if c.accepted]
+    assert right and all(c.action == st.action for st, c in right)
+    assert any(c.action.name == "Tap" and not c.accepted for _, c in flat)

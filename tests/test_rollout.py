@@ -69,6 +69,14 @@ def test_malformed_responses_are_invalid_steps_and_count():
     assert [s.index for s in traj.steps] == list(range(5))
 
 
+def test_an_unresolved_index_action_is_an_invalid_step():
+    inner = CounterEnv()
+    policy = ScriptedPolicy(['<answer>do(action="Tap", index=0)</answer>', TAP, FINISH])
+    traj = run(rollout(ThreadEnv(inner), policy, counter_task(1)))
+    assert [s.valid for s in traj.steps] == [False, True, True]
+    assert "marks" in traj.steps[0].invalid and inner.steps == 2 and traj.success
+
+
 def test_invalid_steps_spend_the_budget():
     inner = CounterEnv()
     task = counter_task(1, complexity=0.6)  # max_steps = 6

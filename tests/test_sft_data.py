@@ -195,6 +195,27 @@ def test_prompt_style_and_format_are_recorded(stores, tmp_path):
         build_sft([SftSource("collected", stores / "collected")], tmp_path / "d", style="tiny")
 
 
+def test_marks_frame_dataset_names_lines_and_keeps_low_level_instructions(stores, tmp_path):
+    src = [SftSource("collected", stores / "collected", variant="both")]
+    stats = build_sft(src, tmp_path / "m", val_fraction=0.0, mode="xml", style="compact", coords="marks")
+    rel = build_sft(src, tmp_path / "r", val_fraction=0.0, mode="xml", style="compact", coords="rel")
+    assert stats["coords"] == "marks"
+    s, r = stats["sources"]["collected"], rel["sources"]["collected"]
+    assert (s["train_high"], s["train_low"]) == (r["train_high"], r["train_low"])  # no step lost to the frame
+    recs = json.loads((tmp_path / "m" / "train.json").read_text())
+    n_taps = 0
+    for rec in recs:
+        user, answer = rec["messages"][1]["content"], parse_action(rec["messages"][2]["content"])
+        assert "(Class;flags;label;[index])" in user and "][" not in user.split("Screen elements", 1)[1]
+        assert "element=" not in user and "element=" not in rec["messages"][2]["content"]
+        if answer.name == "Tap":
+            n_taps += 1
+            lines = user.split("):\n", 1)[1].splitlines()
+            assert lines[answer.index].endswith(f"[{answer.index}]")
+    assert n_taps > 5
+    assert json.loads((tmp_path / "m" / "stats.json").read_text())["coords"] == "marks"
+
+
 @pytest.mark.timeout(600)
 def test_llamafactory_trains_two_steps_on_the_dataset(stores, tmp_path):
     """The dataset loads in LLaMA-Factory (template qwen2_vl) and a 2-step SFT run succeeds on a tiny

@@ -226,6 +226,16 @@ def test_prompt_format_mismatch_is_refused(tmp_path):
         check_prompt_format(tmp_path, profile)
 
 
+def test_a_base_pretrained_in_another_frame_is_refused(tmp_path):
+    from stages.sft_reasoning_free import check_base_frame
+
+    (tmp_path / "tiny.json").write_text(json.dumps({"profile": {"data": {"coords": "rel"}}}))
+    check_base_frame(tmp_path, "rel")
+    with pytest.raises(ValueError, match="'rel' frame, but the SFT data is in 'marks'"):
+        check_base_frame(tmp_path, "marks")
+    check_base_frame(tmp_path / "elsewhere", "marks")  # weights without tiny.json (large profiles): not checked
+
+
 def test_refine_adopts_the_best_scored_matching_explanations(repo, bootstrap, tmp_path, monkeypatch):
     """The refinement loop with a scripted policy (training stubbed out): matching proposals are scored,
     the best one replaces the step's explanation, and the written corpus shows it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -448,6 +449,44 @@ def test_next_action_turn_is_the_policy_prompt_exactly(states):
         assert "Step 1:" not in user["content"] and f"Step {len(st.history)}:" in user["content"]
         assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, cfg.coords, cfg.grounding)}</answer>"
         assert all(not m["content"].startswith("Task:") for m in ex.messages[3::2])  # later turns: question only
+
+
+def test_marks_frame_pretraining_shows_what_the_policy_sees_and_points_at_the_mark(states, processor):
+    """``coords: marks``: the screen is the prompt module's marks rendering of the pixel screen, the history
+    and the expert's answer name lines as the policy would, and a grounding answer's attention target is
+    the number at the end of the line it names."""
+    from mobilerl.agent import prompt as PR
+    from mobilerl.models.pretrain_data import expert_answer, history_responses, render_screen
+
+    cfg = DataConfig(prompt="policy", coords="marks", questions=12, max_len=4096, max_history=4,
+                     weights={"ground": 2.0, "act": 50.0})
+    on_policy = [s for s in states if s.action and len(s.history) >= 2]
+    assert on_policy and all(len(s.history_marks) == len(s.history) for s in states)
+    tok = processor.tokenizer
+    grounded = 0
+    for i, st in enumerate(on_policy[:12]):
+        pixels = render_screen(st.nodes, st.width, st.height, "abs")
+        marks = render_screen(st.nodes, st.width, st.height, "marks")
+        assert marks == PR.screen_in_frame(pixels, None, "marks")
+        want = PR.in_frame(pixels, parse_action(st.action), None, "marks")[1]
+        assert expert_answer(st, st.nodes, "marks", "bbox") == format_action(want)
+        assert all("element=" not in h for h in history_responses(st, "marks"))
+        ex = build_example(st, random.Random(i), cfg)
+        assert ex.messages[0]["content"] == PR.user_prompt(st.instruction, history_responses(st, "marks"), marks,
+                                                           app=st.app, mode="xml", max_history=4, coords="marks")
+        enc = encode(ex, processor, cfg, attn_pairs=True)
+        for s, e, kind in enc.answer_spans:
+            if kind != "ground":
+                continue
+            answer = parse_action(tok.decode(enc.input_ids[s:e]).split("<answer>")[1].split("</answer>")[0])
+            assert isinstance(answer, Action) and answer.index is not None
+            [(q, k)] = [(q, k) for q, k in enc.attn_pairs if s - 1 <= q < e - 1]
+            assert tok.decode([enc.input_ids[k]]) == str(answer.index)
+            assert ex.lines[answer.index].endswith(f"[{answer.index}]")
+            grounded += 1
+    assert grounded > 5
+    with pytest.raises(ValueError, match="re-collect"):
+        history_responses(dataclasses.replace(on_policy[0], history_marks=()), "marks")
 
 
 def test_packed_next_action_sequences_hold_several_policy_turns(states, processor):

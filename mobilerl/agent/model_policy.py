@@ -55,7 +55,9 @@ class ModelPolicy:
     reasoning: bool = False
     max_history: int | None = None
     prompt_style: str = "full"
-    coords: str = "abs"  # "rel": the screen and the answers on the 0-999 grid (converted back to pixels here)
+    # "rel": the screen and the answers on the 0-999 grid; "marks": numbered lines, taps name a line (index=i);
+    # converted back to pixels here
+    coords: str = "abs"
     reuse_greedy: bool = True  # temperature 0: a prompt answered before in this episode is not generated again
     # prompt -> response of this episode (``with_seed`` makes a fresh policy, and memory, per episode)
     _answered: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
@@ -105,7 +107,7 @@ class ModelPolicy:
         if self.coords != "abs":
             size = (ctx.observation.width, ctx.observation.height)
             try:
-                action_text = prompt.action_to_env(gen.text, size, self.coords)
+                action_text = prompt.action_to_env(gen.text, size, self.coords, ctx.xml_compressed)
             except ActionParseError as e:
                 action_text = f"invalid ({e})"  # unparsable: the rollout records an invalid step
         out = PolicyOutput(gen.text, list(gen.logprobs), action_text)

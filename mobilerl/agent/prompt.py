@@ -16,11 +16,16 @@ screens), and the current screen. One step is one chat::
                <answer>do(...)</answer>                     (reasoning-free data)
 
 Previous responses are repeated verbatim (their ``<think>`` included), oldest first; ``max_history`` keeps
-only the last N. Coordinates are absolute screen pixels, the same space as the compressed XML's bounds
-(``coords="abs"``, the paper's), or — ``coords="rel"``, the tiny profile, whose tokenizer has one token per
-integer 0-999 and whose base was pretrained on that grid — the harness' 0-999 grid for both the screen
-lines and the actions (:func:`in_frame` converts a step's screen and action, :func:`action_to_env` a
-response back to pixels).
+only the last N. The frame (``coords``) says how the screen lines place elements and how actions name them:
+
+- ``"abs"`` (the paper's): bounds and ``element=[x1,y1,x2,y2]`` in absolute screen pixels;
+- ``"rel"``: both on the harness' 0-999 grid (a tokenizer with one token per integer 0-999);
+- ``"marks"`` (Set-of-Mark, as AndroidLab's SoM mode and AndroidWorld's index actions): each line ends with
+  its number ``[i]`` instead of its bounds (``TextView;;Display;[7]``) and ``Tap`` / ``Long Press`` name the
+  line, ``do(action="Tap", index=7)``. A prompt is ~0.7x as long as with boxes.
+
+:func:`in_frame` converts a recorded step's screen and action into the frame, :func:`action_to_env` a
+response back to the pixels the env takes.
 ``<image>`` is the placeholder LLaMA-Factory's sharegpt format expects (one per image, in order);
 :func:`to_hf_messages` turns it into content parts for a HF processor's chat template. Everything here is a
 pure function of its arguments (deterministic, no I/O).
@@ -30,9 +35,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from mobilerl.env.actions import Action, convert_action, format_action, parse_action, to_relative
+from mobilerl.env.actions import (
+    Action,
+    ActionParseError,
+    convert_action,
+    format_action,
+    parse_action,
+    to_relative,
+)
 
 IMAGE_TOKEN = "<image>"
 OBSERVATION_MODES = ("xml", "screenshot", "screenshot+xml")
@@ -62,8 +75,10 @@ def _check_mode(mode: str) -> None:
 
 
 PROMPT_STYLES = ("full", "compact")
-COORD_FRAMES = ("abs", "rel")
+COORD_FRAMES = ("abs", "rel", "marks")
 _BOUNDS = re.compile(r"\[(\d+),(\d+)\]\[(\d+),(\d+)\]$")
+LINE_FORMATS = {"abs": "Class;flags;label;[x1,y1][x2,y2]", "rel": "Class;flags;label;[x1,y1][x2,y2]",
+                "marks": "Class;flags;label;[index]"}
 
 
 def _check_coords(coords: str) -> None:
@@ -71,11 +86,39 @@ def _check_coords(coords: str) -> None:
         raise ValueError(f"coordinate frame must be one of {COORD_FRAMES}, got {coords!r}")
 
 
+def line_boxes(xml_compressed: str) -> list[tuple[int, int, int, int] | None]:
+    """Each compressed-XML line's bounds (pixels), None for a line without them; index i = line i."""
+    out: list[tuple[int, int, int, int] | None] = []
+    for text in xml_compressed.split("\n"):
+        m = _BOUNDS.search(text)
+        out.append(None if m is None else tuple(int(v) for v in m.groups()))  # type: ignore[misc]
+    return out
+
+
+def mark_of(xml_compressed: str, box: Sequence[int]) -> int | None:
+    """The line a pixel ``box`` names: the line with exactly these bounds, else the smallest line whose
+    bounds hold the box's centre; None when no line does."""
+    boxes = line_boxes(xml_compressed)
+    target = tuple(box)
+    for i, b in enumerate(boxes):
+        if b == target:
+            return i
+    cx, cy = (target[0] + target[2]) // 2, (target[1] + target[3]) // 2
+    inside = [(abs(b[2] - b[0]) * abs(b[3] - b[1]), i) for i, b in enumerate(boxes)
+              if b is not None and b[0] <= cx <= b[2] and b[1] <= cy <= b[3]]
+    return min(inside)[1] if inside else None
+
+
 def screen_in_frame(xml_compressed: str, size: Sequence[int] | None, coords: str = "abs") -> str:
-    """The compressed XML with each line's bounds in the ``coords`` frame (``size`` = screen width, height)."""
+    """The compressed XML with each line's bounds in the ``coords`` frame (``size`` = screen width, height;
+    not needed for ``abs`` and ``marks``)."""
     _check_coords(coords)
     if coords == "abs":
         return xml_compressed
+    if coords == "marks":
+        lines = xml_compressed.split("\n")
+        return "\n".join(t if (m := _BOUNDS.search(t)) is None else f"{t[: m.start()]}[{i}]"
+                         for i, t in enumerate(lines))
     if not size:
         raise ValueError("coords='rel' needs the screen size (width, height)")
     w, h = int(size[0]), int(size[1])
@@ -96,20 +139,39 @@ def in_frame(xml_compressed: str, action: Action | None, size: Sequence[int] | N
     xml = screen_in_frame(xml_compressed, size, coords)
     if coords == "rel" and action is not None and action.element is not None:
         action = convert_action(action, int(size[0]), int(size[1]), "relative")  # type: ignore[index]
+    if coords == "marks" and action is not None and action.element is not None:
+        i = mark_of(xml_compressed, action.element)
+        if i is None:
+            raise ActionParseError(f"{format_action(action)} names no line of the screen")
+        action = replace(action, element=None, index=i)
     return xml, action
 
 
-def action_to_env(text: str, size: Sequence[int], coords: str = "abs") -> str:
+def action_to_env(text: str, size: Sequence[int], coords: str = "abs", screen: str | None = None) -> str:
     """A model response's action as the env takes it (pixels): ``format_action`` of the parsed action,
-    converted from the grid when ``coords="rel"``. Raises :class:`ActionParseError` (an invalid step)."""
+    converted from the grid when ``coords="rel"``, its ``index=i`` replaced by line i's bounds of
+    ``screen`` (the step's compressed XML, pixels) when ``coords="marks"``. Raises
+    :class:`ActionParseError` (an invalid step), e.g. for an index that names no line."""
     _check_coords(coords)
     action = parse_action(text)
     if coords == "rel" and action.element is not None:
         action = convert_action(action, int(size[0]), int(size[1]), "absolute")
+    if coords == "marks":
+        if action.element is not None:
+            raise ActionParseError("in the 'marks' frame an action names a line (index=i), not a box")
+        if action.index is not None:
+            if screen is None:
+                raise ValueError("coords='marks' needs the screen to resolve index=i")
+            boxes = line_boxes(screen)
+            box = boxes[action.index] if action.index < len(boxes) else None
+            if box is None:
+                raise ActionParseError(f"index={action.index} names no element (the screen has {len(boxes)} lines)")
+            action = replace(action, element=box, index=None)
     return format_action(action)
 
 
-def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False, style: str = "full") -> str:
+def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False, style: str = "full",
+                  coords: str = "abs") -> str:
     """The system prompt for an observation ``mode``; ``reasoning`` asks for ``<think>`` before the answer.
 
     ``style="full"`` (the large profiles) spells out the action space; ``"compact"`` (the tiny profile,
@@ -126,11 +188,21 @@ def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False, style: 
            "<answer></answer>:\n<think>...</think><answer>do(...)</answer>"
            if reasoning else
            "Give exactly one action inside <answer></answer>:\n<answer>do(...)</answer>")
+    _check_coords(coords)
+    obs, space = _OBS_TEXT[mode], ACTION_SPACE
+    if coords == "marks":
+        obs = obs.replace("[x1,y1][x2,y2]", "[index]")
+        space = space.replace("element=[x1,y1,x2,y2])  # tap the element whose bounding box is given",
+                              "index=i)  # tap the element of screen line [i]")
+        space = space.replace("element=[x1,y1,x2,y2])", "index=i)")
+        where = "index=i names the element of the screen line marked [i]."
+    else:
+        where = ("Coordinates are screen pixels" if coords == "abs" else "Coordinates are on a 0-999 grid") + \
+            "; element=[x1,y1,x2,y2] is the bounding box of the target element."
     return (
         "You are an agent that operates an Android phone to complete the user's task. At each step you "
-        f"see the task, your previous actions and the current screen: {_OBS_TEXT[mode]}. Coordinates are "
-        "screen pixels; element=[x1,y1,x2,y2] is the bounding box of the target element.\n\n"
-        f"Actions:\n{ACTION_SPACE}\n\n{fmt}"
+        f"see the task, your previous actions and the current screen: {obs}. {where}\n\n"
+        f"Actions:\n{space}\n\n{fmt}"
     )
 
 
@@ -160,9 +232,12 @@ def user_prompt(
     app: str = "",
     mode: str = "screenshot+xml",
     max_history: int | None = None,
+    coords: str = "abs",
 ) -> str:
-    """The user turn of one step (see the module docstring); holds one ``<image>`` in screenshot modes."""
+    """The user turn of one step (see the module docstring); holds one ``<image>`` in screenshot modes.
+    ``xml_compressed`` is already in the ``coords`` frame, which names the line format in its header."""
     _check_mode(mode)
+    _check_coords(coords)
     lines = [f"Task: {instruction.strip()}"]
     past = list(history)
     first = 1
@@ -179,7 +254,7 @@ def user_prompt(
     if mode in ("screenshot", "screenshot+xml"):
         lines.append(f"Screenshot: {IMAGE_TOKEN}")
     if mode in ("xml", "screenshot+xml"):
-        lines.append("Screen elements (Class;flags;label;[x1,y1][x2,y2]):")
+        lines.append(f"Screen elements ({LINE_FORMATS[coords]}):")
         lines.append(xml_compressed.strip() or "(none)")
     return "\n".join(lines)
 
@@ -194,13 +269,14 @@ def build_messages(
     reasoning: bool = False,
     max_history: int | None = None,
     style: str = "full",
+    coords: str = "abs",
 ) -> list[dict[str, str]]:
     """``[{"role": "system", ...}, {"role": "user", ...}]`` for one step (string contents, ``<image>``
-    placeholder in screenshot modes)."""
+    placeholder in screenshot modes; ``xml_compressed`` already in the ``coords`` frame)."""
     return [
-        {"role": "system", "content": system_prompt(mode, reasoning, style)},
+        {"role": "system", "content": system_prompt(mode, reasoning, style, coords)},
         {"role": "user", "content": user_prompt(instruction, history, xml_compressed, app=app, mode=mode,
-                                                max_history=max_history)},
+                                                max_history=max_history, coords=coords)},
     ]
 
 
@@ -211,7 +287,7 @@ def messages_for_context(ctx: Any, *, mode: str = "screenshot+xml", reasoning: b
     size = (ctx.observation.width, ctx.observation.height)
     return build_messages(ctx.task.instruction, ctx.history, screen_in_frame(ctx.xml_compressed, size, coords),
                           app=ctx.observation.app,
-                          mode=mode, reasoning=reasoning, max_history=max_history, style=style)
+                          mode=mode, reasoning=reasoning, max_history=max_history, style=style, coords=coords)
 
 
 def to_hf_messages(messages: Sequence[dict[str, str]]) -> list[dict[str, Any]]:

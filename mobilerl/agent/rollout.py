@@ -135,6 +135,8 @@ async def rollout(
         traj.steps.append(rec)
         try:
             action = parse_action(out.text if out.action_text is None else out.action_text)
+            if action.index is not None:  # a Set-of-Mark index the policy did not resolve to a box
+                raise ActionParseError(f"index={action.index} needs a policy in the 'marks' frame to name a box")
         except ActionParseError as e:
             rec.invalid = str(e) or "unparseable response"
             continue

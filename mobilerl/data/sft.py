@@ -109,7 +109,8 @@ def samples_from_trajectory(
     coords: str = "abs",
 ) -> Iterable[Sample]:
     """The SFT samples of one stored episode (invalid steps are skipped, as targets and in history).
-    ``coords="rel"``: screen bounds and actions on the 0-999 grid (needs the episode's screen size)."""
+    ``coords="rel"``: screen bounds and actions on the 0-999 grid (needs the episode's screen size);
+    ``coords="marks"``: numbered lines, taps name a line (:mod:`mobilerl.agent.prompt`)."""
     history: list[str] = []
     for s, xml_c, action in framed_steps(traj, coords):
         think = _think(s.response) if reasoning else None
@@ -120,12 +121,15 @@ def samples_from_trajectory(
         step_mode = mode if image is not None or mode == "xml" else "xml"
         if source.variant in ("high", "both"):
             msgs = PR.build_messages(traj.instruction, history, xml_c, app=s.app, mode=step_mode,
-                                     reasoning=reasoning, max_history=max_history, style=style)
+                                     reasoning=reasoning, max_history=max_history, style=style, coords=coords)
             yield Sample(source.name, traj.task_id, "high", msgs, response, image, action.name)
-        low = (s.step_instruction or step_instruction(action, xml_c, traj.instruction)
+        # the element's name is read off the screen by its bounds: the recorded (pixel) step in the marks frame
+        named = (Action.from_dict(s.action), s.xml_compressed) if coords == "marks" else (action, xml_c)
+        low = (s.step_instruction or step_instruction(*named, traj.instruction)
                if source.variant in ("low", "both") else None)
         if low:
-            msgs = PR.build_messages(low, (), xml_c, app=s.app, mode=step_mode, reasoning=reasoning, style=style)
+            msgs = PR.build_messages(low, (), xml_c, app=s.app, mode=step_mode, reasoning=reasoning, style=style,
+                                     coords=coords)
             yield Sample(source.name, traj.task_id, "low", msgs, response, image, action.name)
         history.append(response if reasoning else PR.render_response(format_action(action)))
 
@@ -135,7 +139,7 @@ def framed_steps(traj: Trajectory, coords: str = "abs") -> Iterator[tuple[StepRe
     frame (:func:`mobilerl.agent.prompt.in_frame`). Invalid steps are skipped: the SFT data and the
     reasoning stages leave them out as targets and in the history alike. ``ValueError`` when
     ``coords="rel"`` and the record has no screen size."""
-    size = screen_size(traj) if coords != "abs" else None
+    size = screen_size(traj) if coords == "rel" else None
     for s in traj.steps:
         if s.action is None:
             continue

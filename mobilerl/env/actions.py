@@ -2,8 +2,8 @@
 
 Grammar accepted by :func:`parse_action` (whitespace is free, strings may use ' or "):
 
-    do(action="Tap", element=[x1, y1, x2, y2])
-    do(action="Long Press", element=[x1, y1, x2, y2])
+    do(action="Tap", element=[x1, y1, x2, y2])    | do(action="Tap", index=i)
+    do(action="Long Press", element=[x1, y1, x2, y2])  | do(action="Long Press", index=i)
     do(action="Type", text="...")
     do(action="Swipe", direction="up|down|left|right", dist="short|medium|long"[, element=[...]])
     do(action="Launch", app="Contacts")
@@ -14,6 +14,10 @@ A full model response ``<think>...</think><answer>...</answer>`` is accepted too
 ``<answer>`` is parsed. Parsing goes through :mod:`ast` (a parser, never eval/exec) and accepts only one
 call whose arguments are string literals or a list of four integers; anything else raises
 :class:`ActionParseError`, which callers turn into an invalid step.
+
+``index=i`` (Set-of-Mark grounding: the ``i``-th line of the compressed XML the model saw, numbered from 0)
+names an element instead of its box; :func:`mobilerl.agent.prompt.action_to_env` turns it into the line's
+box before the env sees it (an env given an unresolved index records an invalid step).
 
 Coordinates are absolute screen pixels. The official MobileRL harness shows models a 0-999 relative
 grid; :func:`to_relative` / :func:`to_absolute` convert boxes and :func:`convert_action` whole actions.
@@ -35,8 +39,8 @@ MAX_RESPONSE_CHARS = 32_768
 
 # Which keyword arguments each action takes: (required, optional).
 _SIGNATURES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    TAP: (frozenset({"element"}), frozenset()),
-    LONG_PRESS: (frozenset({"element"}), frozenset()),
+    TAP: (frozenset(), frozenset({"element", "index"})),  # exactly one of element / index (checked below)
+    LONG_PRESS: (frozenset(), frozenset({"element", "index"})),
     TYPE: (frozenset({"text"}), frozenset()),
     SWIPE: (frozenset({"direction"}), frozenset({"dist", "element"})),
     LAUNCH: (frozenset({"app"}), frozenset()),
@@ -63,12 +67,16 @@ class Action:
     direction: str | None = None
     dist: str | None = None
     message: str | None = None
+    index: int | None = None  # Set-of-Mark: the screen line the action names (instead of ``element``)
 
     def __post_init__(self) -> None:
         if self.name not in ACTION_NAMES:
             raise ActionParseError(f"unknown action {self.name!r}; expected one of {', '.join(ACTION_NAMES)}")
         if self.element is not None:
             object.__setattr__(self, "element", _check_box(self.element))
+        if self.index is not None and (isinstance(self.index, bool) or not isinstance(self.index, int)
+                                       or self.index < 0):
+            raise ActionParseError(f"index must be a non-negative integer, got {self.index!r}")
         if self.direction is not None and self.direction not in DIRECTIONS:
             raise ActionParseError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.dist is not None and self.dist not in DISTANCES:
@@ -82,7 +90,10 @@ class Action:
         return (x1 + x2) // 2, (y1 + y2) // 2
 
     def to_dict(self) -> dict:
-        return {k: (list(v) if k == "element" and v is not None else v) for k, v in _fields(self).items()}
+        d = {k: (list(v) if k == "element" and v is not None else v) for k, v in _fields(self).items()}
+        if d["index"] is None:
+            del d["index"]  # records written before index actions existed stay byte-identical
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Action:
@@ -95,6 +106,7 @@ class Action:
             direction=d.get("direction"),
             dist=d.get("dist"),
             message=d.get("message"),
+            index=d.get("index"),
         )
 
     def __str__(self) -> str:
@@ -110,6 +122,7 @@ def _fields(a: Action) -> dict:
         "direction": a.direction,
         "dist": a.dist,
         "message": a.message,
+        "index": a.index,
     }
 
 
@@ -209,6 +222,13 @@ def parse_action(text: str) -> Action:
     element = kwargs.get("element")
     if element is not None and not isinstance(element, list):
         raise ActionParseError(f"{name}: element must be a list [x1,y1,x2,y2]")
+    index = kwargs.get("index")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+        raise ActionParseError(f"{name}: index must be an integer")
+    if name in (TAP, LONG_PRESS) and element is None and index is None:
+        raise ActionParseError(f"{name} needs argument element=[x1,y1,x2,y2] (or index=i)")
+    if element is not None and index is not None:
+        raise ActionParseError(f"{name} takes element=[...] or index=i, not both")
     if name == SWIPE and "dist" not in kwargs:
         kwargs["dist"] = "medium"
     return Action(
@@ -218,6 +238,7 @@ def parse_action(text: str) -> Action:
         app=kwargs.get("app"),  # type: ignore[arg-type]
         direction=kwargs.get("direction"),  # type: ignore[arg-type]
         dist=kwargs.get("dist"),  # type: ignore[arg-type]
+        index=index,  # type: ignore[arg-type]
     )
 
 
@@ -234,6 +255,8 @@ def _canonical_name(name: str) -> str:
 def _literal(arg: str, node: ast.expr) -> object:
     if isinstance(node, ast.Constant) and (isinstance(node.value, str) or node.value is None):
         return node.value
+    if arg == "index" and isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
     if isinstance(node, ast.List | ast.Tuple):
         values = []
         for elt in node.elts:
@@ -249,7 +272,7 @@ def _literal(arg: str, node: ast.expr) -> object:
             else:
                 raise ActionParseError(f"{arg}: list items must be integer literals")
         return values
-    raise ActionParseError(f"{arg}: only string literals and integer lists are allowed")
+    raise ActionParseError(f"{arg}: only string literals, integer lists and an integer index are allowed")
 
 
 def _quote(s: str) -> str:
@@ -263,6 +286,8 @@ def format_action(action: Action) -> str:
     parts = [f"action={_quote(action.name)}"]
     if action.element is not None:
         parts.append("element=[" + ",".join(str(v) for v in action.element) + "]")
+    if action.index is not None:
+        parts.append(f"index={action.index}")
     for key in ("text", "app", "direction", "dist"):
         value = getattr(action, key)
         if value is not None:

@@ -293,9 +293,13 @@ def from_trajectory(traj: Any) -> ACEpisode:
     )
 
 
-def _gt_response(action: Action, ep: ACEpisode, frame: str) -> str:
-    """The ground-truth action as the policy's own response would show it in the history."""
-    _, framed = prompt.in_frame("", action, (ep.width, ep.height), frame)
+def _gt_response(action: Action, ep: ACEpisode, frame: str, screen: str = "") -> str:
+    """The ground-truth action as the policy's own response would show it in the history (``screen``: the
+    step's compressed XML, whose line the action names in the marks frame; a box on no line stays a box)."""
+    try:
+        _, framed = prompt.in_frame(screen, action, (ep.width, ep.height), frame)
+    except ActionParseError:
+        framed = action
     return prompt.render_response(framed)  # type: ignore[arg-type]
 
 
@@ -323,7 +327,7 @@ async def _run_episode(policy: Policy, ep: ACEpisode, mode: str, frame: str = "a
             raise TypeError(f"{type(policy).__name__}.act returned {type(resp).__name__}, not PolicyOutput")
         j = judge_response(gt, resp.text if resp.action_text is None else resp.action_text, xml_c)
         out.append(ACStepResult(ep.episode_id, i, resp.text, format_action(gt.action), j))
-        history.append(resp.text if j.success else _gt_response(gt.action, ep, frame))
+        history.append(resp.text if j.success else _gt_response(gt.action, ep, frame, xml_c))
     return out
 
 
@@ -334,7 +338,7 @@ async def run_androidcontrol(
 
     Episodes run concurrently (at most ``concurrency`` at once); the steps of one episode run in order
     (high mode's history depends on the previous judgements). A policy exception propagates. ``frame``:
-    the coordinate frame the policy answers in (``abs`` / ``rel``), for the history's replacements.
+    the coordinate frame the policy answers in (``abs`` / ``rel`` / ``marks``), for the history's replacements.
     Metrics: :func:`step_metrics` plus ``episode_success_rate`` and ``n_episodes``.
     """
     if mode not in ("low", "high"):

@@ -58,7 +58,7 @@ from mobilerl.env.actions import Action, format_action, to_relative
 from mobilerl.env.xml import UINode, compress_nodes
 
 Grounding = Literal["bbox", "index"]
-Coords = Literal["rel", "abs"]
+Coords = Literal["rel", "abs", "marks"]  # marks: a line ends with its number [i], a tap names it (index=i)
 KINDS: tuple[str, ...] = ("ground", "read", "checked", "app", "find", "copy", "type")
 # "act": the expert's next action (behaviour cloning on train-split expert screens), weight 0 unless the
 # profile gives it one; with prompt: policy it is the policy's own turn (docs/tiny_base.md, "Next action").
@@ -85,6 +85,8 @@ class ScreenState:
     action: str | None = None  # the expert's action here (absolute pixels), None off-policy
     png: bytes | None = None  # screenshot, when collected with render=True
     history: tuple[str, ...] = ()  # the actions taken before this screen in the episode (absolute pixels)
+    # the same actions as the marks frame writes them (a tap names the line of the screen it was taken on)
+    history_marks: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -109,11 +111,12 @@ class ScreenState:
             action=d.get("action"),
             png=bytes.fromhex(d["png"]) if d.get("png") else None,
             history=tuple(d.get("history") or ()),
+            history_marks=tuple(d.get("history_marks") or ()),
         )
 
 
 def _snapshot(env: Any, obs: Any, action: Action | None, png_size: tuple[int, int] | None,
-              history: Sequence[Action] = ()) -> ScreenState:
+              history: Sequence[Action] = (), history_marks: Sequence[str] = ()) -> ScreenState:
     nodes = tuple(compress_nodes(obs.xml, width=obs.width, height=obs.height))
     on = set(nodes)
     every = compress_nodes(obs.xml, keep_offscreen=True, width=obs.width, height=obs.height)
@@ -134,7 +137,29 @@ def _snapshot(env: Any, obs: Any, action: Action | None, png_size: tuple[int, in
         action=format_action(action) if action is not None else None,
         png=png,
         history=tuple(format_action(a) for a in history),
+        history_marks=tuple(history_marks),
     )
+
+
+def mark_action(action: Action, nodes: Sequence[UINode]) -> str:
+    """``action`` as the marks frame writes it on a screen of ``nodes``: an element becomes the index of the
+    line with its bounds (else the smallest line holding its centre); unchanged when no line does."""
+    if action.element is None:
+        return format_action(action)
+    i = mark_index(nodes, action.element)
+    return format_action(action if i is None else replace(action, element=None, index=i))
+
+
+def mark_index(nodes: Sequence[UINode], box: Sequence[int]) -> int | None:
+    """The line a pixel box names (as :func:`mobilerl.agent.prompt.mark_of` on the rendered screen)."""
+    target = tuple(box)
+    for i, n in enumerate(nodes):
+        if n.bounds == target:
+            return i
+    cx, cy = (target[0] + target[2]) // 2, (target[1] + target[3]) // 2
+    inside = [((b[2] - b[0]) * (b[3] - b[1]), i) for i, n in enumerate(nodes)
+              if (b := n.bounds)[0] <= cx <= b[2] and b[1] <= cy <= b[3]]
+    return min(inside)[1] if inside else None
 
 
 def _random_action(state: ScreenState, rng: random.Random) -> Action:
@@ -163,12 +188,14 @@ def _collect_task(task_id: str, seed: int, explore: float, render: float,
     agent = OracleAgent(env.tmpl, task.params)
     out: list[ScreenState] = []
     actions: list[Action] = []
+    marks: list[str] = []
     try:
         done = False
         while not done:
             a = agent.act(Screen(obs.xml, obs.app, obs.width, obs.height))
-            out.append(_snapshot(env, obs, a, png_size if shots else None, actions))
+            out.append(_snapshot(env, obs, a, png_size if shots else None, actions, marks))
             actions.append(a)
+            marks.append(mark_action(a, out[-1].nodes))
             res = env.step(a)
             obs, done = res.observation, res.done
     except Exception:  # noqa: BLE001 — an expert failure only ends this task's snapshots
@@ -177,7 +204,8 @@ def _collect_task(task_id: str, seed: int, explore: float, render: float,
         # Off-policy screens: replay to a random step, then wander for 1-3 random actions.
         env = SimEnv(render=shots, perturb="default")
         obs = env.reset(task)
-        done_actions = list(actions[: rng.randrange(len(actions))])
+        k = rng.randrange(len(actions))
+        done_actions, done_marks = list(actions[:k]), list(marks[:k])
         for a in done_actions:
             obs = env.step(a).observation
         for _ in range(rng.randint(1, 3)):
@@ -185,8 +213,9 @@ def _collect_task(task_id: str, seed: int, explore: float, render: float,
             a = _random_action(s, rng)
             res = env.step(a)
             done_actions.append(a)
+            done_marks.append(mark_action(a, s.nodes))
             obs = res.observation
-            out.append(_snapshot(env, obs, None, png_size if shots else None, done_actions))
+            out.append(_snapshot(env, obs, None, png_size if shots else None, done_actions, done_marks))
             if res.done:
                 break
     return out
@@ -279,10 +308,17 @@ def node_box(n: UINode, width: int, height: int, coords: Coords) -> tuple[int, i
     return to_relative(n.bounds, width, height) if coords == "rel" else n.bounds
 
 
-def render_line(n: UINode, width: int, height: int, coords: Coords = "rel", index: int | None = None) -> str:
-    """One compressed-XML line (:meth:`UINode.line`), bounds on the 0-999 grid when ``coords='rel'``."""
-    x1, y1, x2, y2 = node_box(n, width, height, coords)
-    line = f"{n.cls};{' '.join(n.flags)};{n.label};[{x1},{y1}][{x2},{y2}]"
+def render_line(n: UINode, width: int, height: int, coords: Coords = "rel", index: int | None = None,
+                mark: int | None = None) -> str:
+    """One compressed-XML line (:meth:`UINode.line`), bounds on the 0-999 grid when ``coords='rel'``, the
+    line's number ``mark`` in their place when ``coords='marks'`` (as :func:`mobilerl.agent.prompt.screen_in_frame`)."""
+    if coords == "marks":
+        if mark is None:
+            raise ValueError("coords='marks' renders a line with its number: pass mark=")
+        line = f"{n.cls};{' '.join(n.flags)};{n.label};[{mark}]"
+    else:
+        x1, y1, x2, y2 = node_box(n, width, height, coords)
+        line = f"{n.cls};{' '.join(n.flags)};{n.label};[{x1},{y1}][{x2},{y2}]"
     return line if index is None else f"[{index}] {line}"
 
 
@@ -290,7 +326,7 @@ def render_lines(
     nodes: Sequence[UINode], width: int, height: int, coords: Coords = "rel", numbered: bool = False
 ) -> list[str]:
     """The lines of :func:`render_screen`."""
-    return [render_line(n, width, height, coords, i if numbered else None) for i, n in enumerate(nodes)]
+    return [render_line(n, width, height, coords, i if numbered else None, i) for i, n in enumerate(nodes)]
 
 
 def render_screen(
@@ -303,7 +339,7 @@ def render_screen(
 def tap_answer(
     nodes: Sequence[UINode], i: int, width: int, height: int, coords: Coords, grounding: Grounding
 ) -> str:
-    if grounding == "index":
+    if grounding == "index" or coords == "marks":
         return f'do(action="Tap", index={i})'
     return format_action(Action(A.TAP, element=node_box(nodes[i], width, height, coords)))
 
@@ -335,6 +371,8 @@ def expert_answer(state: ScreenState, nodes: Sequence[UINode], coords: Coords, g
     a = A.parse_action(state.action)
     if a.element is None:
         return state.action
+    if coords == "marks":
+        return mark_action(a, nodes)
     if grounding == "index":
         for i, n in enumerate(nodes):
             if n.bounds == a.element:
@@ -509,7 +547,9 @@ def make_qas(
     w, h = state.width, state.height
     names = _unique_names(nodes)
     pools: dict[str, list[QA]] = {k: [] for k in ALL_KINDS}
-    copies_box = grounding == "bbox"  # an index answer copies no token of the screen
+    # a box answer copies the line's box, a marks answer its number; an index answer (numbered lines that
+    # keep their boxes) was not supervised
+    copies_box = grounding == "bbox" or coords == "marks"
     for name, i in names.items():
         box = ("box", i, "") if copies_box else None
         pools["ground"].append(QA("ground", f"tap {quote_label(name)}", tap_answer(nodes, i, w, h, coords, grounding),
@@ -606,7 +646,7 @@ class DataConfig:
     @property
     def numbered_lines(self) -> bool:
         """Whether screen lines carry their number (asked for, or needed by index grounding)."""
-        return self.numbered or self.grounding == "index"
+        return self.numbered or (self.grounding == "index" and self.coords != "marks")
 
 
 def curriculum_lines(progress: float, cfg: DataConfig, n_nodes: int, rng: random.Random) -> int:
@@ -636,6 +676,10 @@ ACTION_KINDS = ("ground", "find", "copy", "type", "act")  # kinds whose answer i
 
 def history_responses(state: ScreenState, coords: Coords) -> list[str]:
     """The episode's previous actions as a reasoning-free policy wrote them (``<answer>…</answer>``)."""
+    if coords == "marks":
+        if len(state.history_marks) != len(state.history):
+            raise ValueError("states collected before the marks frame existed have no history_marks: re-collect them")
+        return [f"<answer>{h}</answer>" for h in state.history_marks]
     out = []
     for h in state.history:
         a = A.parse_action(h)
@@ -654,7 +698,7 @@ def prompt_text(state: ScreenState, screen: str, with_image: bool = False, cfg: 
     from mobilerl.agent import prompt
 
     text = prompt.user_prompt(state.instruction, history_responses(state, cfg.coords), screen, app=state.app,
-                              mode="xml", max_history=cfg.max_history)
+                              mode="xml", max_history=cfg.max_history, coords=cfg.coords)
     return img + text + "\n"
 
 
@@ -914,7 +958,8 @@ def with_novel_spans(state: ScreenState, spans: Sequence[str], rng: random.Rando
 
     new_state = replace(state, instruction=sub(state.instruction) or "", nodes=nodes(state.nodes),
                         offscreen=nodes(state.offscreen), action=sub(state.action),
-                        history=tuple(sub(h) or "" for h in state.history))
+                        history=tuple(sub(h) or "" for h in state.history),
+                        history_marks=tuple(sub(h) or "" for h in state.history_marks))
     return new_state, [mapping.get(sp, sp) for sp in spans]
 
 

@@ -42,6 +42,7 @@ from mobilerl.models.pretrain_data import (
     chat_text,
     encode,
     make_qas,
+    mark_action,
     question_turn,
     render_screen,
     system_message,
@@ -253,6 +254,7 @@ def rollout_success(
                 envs[tid] = env
             used = dict.fromkeys(chunk, 0)
             history: dict[str, list[str]] = {tid: [] for tid in chunk}
+            marks: dict[str, list[str]] = {tid: [] for tid in chunk}  # the same actions in the marks frame
             live = list(chunk)
             while live:
                 prompts, nodes_of = [], {}
@@ -262,7 +264,7 @@ def rollout_success(
                     nodes = compress_nodes(obs.xml, width=obs.width, height=obs.height)
                     nodes_of[tid] = nodes
                     st = ScreenState(tid, env.task.instruction, obs.app, obs.width, obs.height, tuple(nodes),
-                                     history=tuple(history[tid]))
+                                     history=tuple(history[tid]), history_marks=tuple(marks[tid]))
                     screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
                     msgs = _ask(st, screen, QA("act", ACT_QUESTION, ""), cfg)
                     prompts.append(chat_text(msgs) + "<|im_start|>assistant\n")
@@ -280,6 +282,7 @@ def rollout_success(
                             act = A.convert_action(act, env.device.width, env.device.height, "absolute")
                         done = env.step(act).done
                         history[tid].append(A.format_action(act))
+                        marks[tid].append(mark_action(act, nodes_of[tid]))
                     except A.ActionParseError:
                         done = used[tid] >= env.task.max_steps
                     if done or used[tid] >= env.task.max_steps:

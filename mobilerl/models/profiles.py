@@ -77,7 +77,8 @@ class GenerationSettings(_Strict):
         "screenshot+xml", description="What the policy sees of the screen.")
     prompt_style: Literal["full", "compact"] = Field("full", description="System prompt style.")
     max_history: int | None = Field(None, ge=0, description="Previous responses shown (None: all).")
-    coords: Literal["abs", "rel"] = Field("abs", description="Coordinate frame: pixels or the 0-999 grid.")
+    coords: Literal["abs", "rel", "marks"] = Field(
+        "abs", description="Coordinate frame: pixels, the 0-999 grid, or marks (numbered lines, index actions).")
     max_new_tokens: int = Field(512, ge=1, description="Cap on a response's tokens in evaluation.")
     dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
         None, description="Inference dtype of the hf / vllm backends (None: the profile's training dtype).")

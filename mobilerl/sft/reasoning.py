@@ -44,6 +44,7 @@ from mobilerl.agent.prompt import (
     OBSERVATION_MODES,
     PROMPT_STYLES,
     build_messages,
+    mark_of,
     render_response,
     sharegpt_record,
 )
@@ -65,7 +66,7 @@ def actions_match(a: Action, expert: Action) -> bool:
     if a.name != expert.name:
         return False
     if a.name in (A.TAP, A.LONG_PRESS):
-        return a.element == expert.element
+        return a.element == expert.element and a.index == expert.index
     if a.name == A.TYPE:
         return a.text == expert.text
     if a.name == A.SWIPE:
@@ -87,6 +88,7 @@ class PromptFormat:
     mode: str = "xml"
     style: str = "full"
     max_history: int | None = None
+    coords: str = "abs"  # the frame of screens and actions (mobilerl.agent.prompt.COORD_FRAMES)
 
     def __post_init__(self) -> None:
         if self.mode not in OBSERVATION_MODES:
@@ -97,7 +99,8 @@ class PromptFormat:
     @classmethod
     def of_dataset(cls, stats: Mapping[str, Any]) -> PromptFormat:
         """The format recorded in an SFT dataset's ``stats.json`` (older builds: full style, all history)."""
-        return cls(stats.get("mode", "screenshot+xml"), stats.get("prompt_style", "full"), stats.get("max_history"))
+        return cls(stats.get("mode", "screenshot+xml"), stats.get("prompt_style", "full"), stats.get("max_history"),
+                   stats.get("coords", "abs"))
 
 
 @dataclass
@@ -111,12 +114,16 @@ class ExpertStep:
     app: str
     action: Action
     image: str | None = None  # path of the screenshot (absolute when read with a store root), if any
+    # In the marks frame (where xml_compressed numbers its lines and the action names one): the screen and
+    # the action in pixels, for the teacher, which reasons about elements by their bounds.
+    screen_px: str | None = None
+    action_px: Action | None = None
 
     def messages(self, fmt: PromptFormat = PromptFormat()) -> list[dict[str, str]]:
         """The reasoning prompt of this step (system prompt asking for ``<think>``)."""
         mode = fmt.mode if self.image is not None or fmt.mode == "xml" else "xml"  # no screenshot: XML only
         return build_messages(self.instruction, self.history, self.xml_compressed, app=self.app, mode=mode,
-                              reasoning=True, max_history=fmt.max_history, style=fmt.style)
+                              reasoning=True, max_history=fmt.max_history, style=fmt.style, coords=fmt.coords)
 
     def shows_image(self, fmt: PromptFormat) -> bool:
         return self.image is not None and "screenshot" in fmt.mode
@@ -233,6 +240,7 @@ class _Known:
     instruction: str
     lines: list[CompressedNode] = field(default_factory=list)
     app: str = ""
+    marks_of: str | None = None  # marks frame: the pixel screen whose line numbers the answers name
 
 
 class SimTeacher:
@@ -257,8 +265,11 @@ class SimTeacher:
         return hashlib.sha1(user.encode()).hexdigest()
 
     def register(self, step: ExpertStep, fmt: PromptFormat = PromptFormat()) -> None:
-        self._known[self._key(step.messages(fmt))] = _Known(step.action, step.instruction,
-                                                            parse_compressed(step.xml_compressed), step.app)
+        marks = step.screen_px is not None and step.action_px is not None
+        self._known[self._key(step.messages(fmt))] = _Known(
+            step.action_px if marks else step.action, step.instruction,  # type: ignore[arg-type]
+            parse_compressed(step.screen_px if marks else step.xml_compressed), step.app,
+            step.screen_px if marks else None)
 
     async def generate(self, requests: Sequence[ChatRequest], sampling: SamplingConfig) -> list[Generation]:
         out = []
@@ -269,11 +280,19 @@ class SimTeacher:
             seed = sampling.request_seed(i)
             rng = random.Random(seed if seed is not None else random.random())
             action, think = self._explain(known, rng)
-            out.append(Generation(render_response(action, think), [], [], "stop"))
+            out.append(Generation(render_response(self._in_frame(known, action), think), [], [], "stop"))
         return out
 
     async def score(self, request: ChatRequest, completion: Any, *, temperature: float = 1.0) -> list[float]:
         raise NotImplementedError("SimTeacher proposes candidates only; score with the policy being trained")
+
+    @staticmethod
+    def _in_frame(known: _Known, action: Action) -> Action:
+        """The teacher reasons in pixels; in the marks frame its answer names the element's line."""
+        if known.marks_of is None or action.element is None:
+            return action
+        i = mark_of(known.marks_of, action.element)
+        return action if i is None else replace(action, element=None, index=i)
 
     # -- the explanations
     def _label(self, known: _Known, box: tuple[int, int, int, int] | None) -> str:
@@ -287,6 +306,11 @@ class SimTeacher:
         if known.action.name != A.FINISH:
             options.append(Action(A.FINISH, message=None))
         return rng.choice(options)
+
+    def _place(self, known: _Known, action: Action) -> str:
+        """Where the element is, as the prompt shows it: its box, or its line number in the marks frame."""
+        framed = self._in_frame(known, action)
+        return f"[{framed.index}]" if framed.index is not None else str(list(action.element or ()))
 
     def _name(self, known: _Known, box: tuple[int, int, int, int] | None) -> str:
         return element_name(known.lines, box, known.instruction) or quote_label("that element")
@@ -327,7 +351,7 @@ class SimTeacher:
             label = self._label(known, action.element)
             verb = "tap" if n == A.TAP else "long-press"
             why = rng.choice([f"'{label}' is the next thing to use, so I {verb} it.",
-                              f"To move forward I {verb} '{label}' at {list(action.element or ())}.",
+                              f"To move forward I {verb} '{label}' at {self._place(known, action)}.",
                               f"The element '{label}' leads toward the goal; {verb} it."])
         elif n == A.TYPE:
             why = rng.choice([f"The input field is focused, so I type \"{action.text}\".",
@@ -366,8 +390,11 @@ def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
             image = s.screenshot_path
             if image and root is not None:
                 image = str(Path(root) / image)
+            marks = coords == "marks"
             ep.append(ExpertStep(f"{prefix}{t.task_id}#{t.trial}/{s.index}", t.instruction, list(history),
-                                 xml_c, s.app, action, image or None))
+                                 xml_c, s.app, action, image or None,
+                                 s.xml_compressed if marks else None,
+                                 Action.from_dict(s.action) if marks else None))
             history.append(render_response(action))
         if ep:
             out.append(ep)
