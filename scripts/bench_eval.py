@@ -25,7 +25,8 @@ generation settings buy over the old ones (issue 6: ≤ 5 minutes on this machin
 
 ``--full NAME`` instead times the acceptance measurement itself: the checkpoint policy ``NAME`` of
 ``params.yaml``'s ``evaluate`` section, built exactly as the ``evaluate`` stage builds it (profile backend,
-prompt format, temperature, perturbation, ``model_concurrency``), over **all** of world/test with n = 1.
+prompt format, temperature, perturbation, ``model_concurrency``, ``model_processes``), over **all** of
+world/test with n = 1 (``--processes``, ``--concurrency`` to compare other settings).
 
 Without ``--ckpt`` a random-init checkpoint of the shipped base's shape (hidden 128, 3 layers, 4 heads,
 vocab 4096, tokenizer trained on the collected prompts) is built under ``--build-dir`` (cached).
@@ -169,19 +170,39 @@ def model_concurrency() -> int:
     return load_params("evaluate", EvaluateConfig).model_concurrency
 
 
-def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int = 1) -> dict[str, Any]:
+def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int = 1,
+                    processes: int | None = None, concurrency: int | None = None) -> dict[str, Any]:
     """The ``evaluate`` stage's policy ``name`` over all of world/test (every ``every``-th task), n = 1: wall
-    time and what it did. ``backend``: backend settings over the profile's (e.g. ``dtype``)."""
+    time and what it did. ``backend``: backend settings over the profile's (e.g. ``dtype``); ``processes``:
+    worker processes instead of ``evaluate.model_processes`` (1: this process), ``concurrency``: episodes in
+    flight (per process) instead of the stage's."""
     from stages.common import load_params
-    from stages.evaluate import EvaluateConfig, checkpoint_policy
+    from stages.evaluate import EvaluateConfig, checkpoint_policy, run_checkpoint
 
     cfg = load_params("evaluate", EvaluateConfig)
     if name not in cfg.checkpoints:
         raise SystemExit(f"--full: {name!r} is not under evaluate.checkpoints in params.yaml")
-    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend_overrides=backend)
+    n_proc = processes or cfg.model_processes
     tasks = world_test()[::every]
+    if n_proc > 1:
+        if backend:
+            raise SystemExit("--full with several processes takes the profile's backend settings (no --dtype)")
+        if concurrency:
+            cfg = cfg.model_copy(update={"model_concurrency": concurrency * n_proc})
+        t0 = time.perf_counter()
+        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc)
+        wall = time.perf_counter() - t0
+        steps = sum(len(t.steps) for t in trajs)
+        success = sum(t.success for t in trajs)
+        return {"policy": name, "processes": n_proc, "tasks": len(tasks), "success": success,
+                "episodes": len(trajs), "steps": steps, "success_rate": round(success / len(trajs), 4),
+                "errors": sum(t.error is not None for t in trajs),
+                "concurrency_per_process": cfg.model_concurrency // n_proc, "temperature": cfg.temperature,
+                "wall_s": round(wall, 1), "steps_per_s": round(steps / wall, 2)}
+    policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend_overrides=backend)
+    conc = concurrency or cfg.model_concurrency
     t0, c0 = time.perf_counter(), time.process_time()
-    trajs = evaluate_sync(policy.with_seed, tasks, concurrency=cfg.model_concurrency, perturb=cfg.perturb,
+    trajs = evaluate_sync(policy.with_seed, tasks, concurrency=conc, perturb=cfg.perturb,
                           base_seed=cfg.seed, progress=True)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = sum(len(t.steps) for t in trajs)
@@ -191,7 +212,7 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     return {"policy": name, "dtype": str(policy.backend.model.dtype).removeprefix("torch."), "tasks": len(tasks),
             "success": success, "episodes": len(trajs), "steps": steps,
             "model_calls": stats.items, "success_rate": round(success / len(trajs), 4),
-            "errors": sum(t.error is not None for t in trajs), "concurrency": cfg.model_concurrency,
+            "errors": sum(t.error is not None for t in trajs), "concurrency": conc, "processes": 1,
             "temperature": cfg.temperature, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "steps_per_s": round(steps / wall, 2), "generate_calls": stats.batches,
             "mean_batch": round(stats.items / max(stats.batches, 1), 1), "generate_busy_s": round(stats.busy_s, 1),
@@ -255,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     ap.add_argument("--dtype", default=None, help="with --full: inference dtype instead of the profile's")
     ap.add_argument("--full-every", type=int, default=1, help="with --full: every N-th world/test task")
+    ap.add_argument("--processes", type=int, default=None,
+                    help="with --full: worker processes (default: evaluate.model_processes; 1: this process)")
     ap.add_argument("--dtypes", default=None,
                     help="compare inference dtypes (e.g. fp32,bf16; cpu:fp32,cuda:bf16 across devices) on the sampled contexts: speed and greedy "
                          "agreement with the first; nothing else but the context collection")
@@ -266,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         over: dict[str, Any] = {}
         if args.dtype:
             over["dtype"] = args.dtype
-        res = full_world_test(args.full, over, args.full_every)
+        res = full_world_test(args.full, over, args.full_every, args.processes, args.concurrency)
         print("full world/test:", json.dumps(res), flush=True)
         if args.out:
             args.out.write_text(json.dumps(res, indent=1) + "\n")

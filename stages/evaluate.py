@@ -63,6 +63,10 @@ class EvaluateConfig(StageConfig):
     model_max_tasks: int | None = Field(
         None, ge=1, description="Cap on tasks per suite for checkpoint policies, spread evenly over the task list "
                                 "(smoke runs: an untrained checkpoint runs every episode to its budget).")
+    model_processes: int = Field(
+        1, ge=1, description="Worker processes for checkpoint policies: each loads the model, runs every N-th task "
+                             "with its own env pool and torch threads (cores / N). On 2 cores, 2 processes run the "
+                             "simulator and each model's Python-bound decoding side by side (docs/evaluation.md).")
     seed: int = Field(0, description="Base seed of the policies' sampling.")
     offline_suite: Literal["world", "lab"] = Field("world", description="Suite of the offline step evaluation.")
     offline_per_template: int = Field(
@@ -160,6 +164,30 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
                        coords=g.coords)
 
 
+def checkpoint_factory(name: str, cfg: dict[str, Any], root: str) -> Callable[[int], Any]:
+    """``seed -> policy`` of checkpoint ``name`` built from a dumped :class:`EvaluateConfig` (picklable: what
+    each worker of :func:`run_checkpoint` calls to load its own copy of the model)."""
+    c = EvaluateConfig.model_validate(cfg)
+    return checkpoint_policy(name, c.checkpoints[name], c, Path(root)).with_seed
+
+
+def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: Path = ROOT,
+                   processes: int | None = None, **kwargs: Any) -> list:
+    """The episodes of checkpoint ``name`` on ``tasks`` in ``processes`` (default ``model_processes``) worker
+    processes (:func:`mobilerl.eval.evaluate_in_processes`); ``kwargs`` go to :func:`mobilerl.eval.evaluate`."""
+    import functools
+    import os
+
+    from mobilerl.eval.runner import evaluate_in_processes
+
+    n = processes or cfg.model_processes
+    threads = max(1, (os.cpu_count() or 1) // n)
+    return evaluate_in_processes(functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root)), tasks,
+                                 processes=n, threads=threads, n_trials=cfg.n_trials,
+                                 concurrency=max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
+                                 base_seed=cfg.seed, **kwargs)
+
+
 def offline_episodes(cfg: EvaluateConfig) -> list:
     """Expert rollouts of the offline tasks as AndroidControl-style step data (XML only, seeded)."""
     from mobilerl.agent import OraclePolicy
@@ -230,9 +258,13 @@ def main() -> None:
                 texts = sim_template_texts(tasks)
                 with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
                     t0 = time.perf_counter()
-                    trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
-                                          perturb=cfg.perturb, base_seed=cfg.seed, progress=False,
-                                          out_path=OUT / "trajectories" / f"{name}__{suite}.jsonl")
+                    out_path = OUT / "trajectories" / f"{name}__{suite}.jsonl"
+                    if name in cfg.checkpoints and cfg.model_processes > 1:
+                        trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
+                    else:
+                        trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
+                                              perturb=cfg.perturb, base_seed=cfg.seed, progress=False,
+                                              out_path=out_path)
                     wall = time.perf_counter() - t0
                     s = summarize(trajs, template_texts=texts)
                     s["wall_s"] = wall

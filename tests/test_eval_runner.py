@@ -167,3 +167,30 @@ def test_policy_factory_failure_is_a_policy_error():
     )
     assert [t.error for t in trajs] == ["policy: RuntimeError: no checkpoint"] * 2
     assert summarize(trajs)["failures/policy_error"] == 2
+
+
+def _random_policies() -> object:
+    return RandomPolicy
+
+
+def _dies() -> object:
+    import os
+
+    os._exit(3)
+
+
+def test_evaluation_in_worker_processes_gives_the_same_episodes(tmp_path):
+    from mobilerl.eval.runner import evaluate_in_processes
+
+    tasks = [get_task(f"world/test/{t.name}/0") for t in templates("world")[:6]]
+    one = evaluate_sync(RandomPolicy, tasks, n_trials=2, concurrency=4, progress=False, base_seed=5)
+    out = tmp_path / "t.jsonl"
+    two = evaluate_in_processes(_random_policies, tasks, processes=2, threads=1, n_trials=2, concurrency=4,
+                                base_seed=5, out_path=out)
+    assert [(t.task_id, t.trial) for t in two] == [(t.task_id, t.trial) for t in one]
+    assert [[s.response for s in t.steps] for t in two] == [[s.response for s in t.steps] for t in one]
+    assert [t.reward for t in two] == [t.reward for t in one]
+    assert [(t.task_id, t.trial) for t in read_jsonl(out)] == [(t.task_id, t.trial) for t in one]
+    assert not list(tmp_path.glob("t.jsonl.part*"))
+    with pytest.raises(RuntimeError, match="evaluation worker 0 of 2 died"):
+        evaluate_in_processes(_dies, tasks, processes=2)

@@ -88,6 +88,21 @@ def test_checkpoint_policy_runs_through_the_runner(ckpt, tmp_path):
     assert req.messages[0]["content"] == prompt.system_prompt("xml", False, "compact")
 
 
+def test_checkpoint_episodes_run_in_worker_processes(ckpt, tmp_path):
+    from stages.evaluate import run_checkpoint
+
+    cfg = config(tmp_path, policies=["ck"], model_concurrency=8, temperature=1.0, seed=3, model_processes=2,
+                 checkpoints={"ck": {"path": str(ckpt), "max_new_tokens": 6}})
+    tasks = [get_task(f"world/test/{t}/0") for t in ("CameraTakePhoto", "ContactsAddContact", "SystemWifiTurnOnOff")]
+    out = tmp_path / "ck.jsonl"
+    trajs = run_checkpoint("ck", tasks, cfg, out_path=out)
+    assert [t.task_id for t in trajs] == [t.task_id for t in tasks] and all(t.error is None for t in trajs)
+    assert all(t.policy == "ck" and s.logprobs for t in trajs for s in t.steps)  # each worker loaded the model
+    assert out.exists() and not list(tmp_path.glob("ck.jsonl.part*"))
+    with pytest.raises(ParamsError, match=r"evaluate\.model_processes"):
+        config(tmp_path, model_processes=0)
+
+
 def _ctx(task):
     from mobilerl.agent import PolicyContext
     from mobilerl.env.sim import SimEnv

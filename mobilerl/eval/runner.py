@@ -180,6 +180,75 @@ def evaluate_sync(
     return asyncio.run(evaluate(policy_factory, tasks, **kwargs))
 
 
+def _shard_worker(args: tuple) -> list[dict[str, Any]]:
+    """One process of :func:`evaluate_in_processes`: its own policy (model) and env pool over its shard."""
+    make_factory, shard, threads, part, kwargs = args
+    if threads is not None:
+        try:
+            import torch
+
+            torch.set_num_threads(threads)
+        except ImportError:  # a policy without torch: nothing to pin
+            pass
+    trajs = evaluate_sync(make_factory(), shard, out_path=part, **kwargs)
+    return [t.to_dict() for t in trajs]
+
+
+def evaluate_in_processes(
+    make_factory: Callable[[], PolicyFactory],
+    tasks: Sequence[TaskSpec],
+    *,
+    processes: int = 2,
+    threads: int | None = 1,
+    out_path: str | Path | None = None,
+    **kwargs: Any,
+) -> list[Trajectory]:
+    """:func:`evaluate` split over ``processes`` worker processes, each with its own policy built by
+    ``make_factory()`` (picklable, e.g. a ``functools.partial``; a model policy loads its checkpoint
+    there), ``threads`` torch threads, and every ``processes``-th task. On a small CPU machine this runs
+    the simulator, the event loop and each model's Python-bound decoding in parallel, where one process
+    shares one interpreter between them.
+
+    The trajectories are the ones :func:`evaluate` would return (episode seeds depend on the task and trial
+    only), in the same (task, trial) order. ``out_path``: each process appends its episodes to
+    ``<out_path>.part<k>`` as they end; the parts are joined into ``out_path`` at the end. ``kwargs`` go to
+    :func:`evaluate` (``progress`` is off in the workers). A worker that dies raises ``RuntimeError``
+    naming it; the others' episodes are kept in their part files.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    kwargs = {**kwargs, "progress": False}
+    kwargs.pop("append", None)
+    n = max(1, min(processes, len(tasks)))
+    shards = [list(tasks[k::n]) for k in range(n)]
+    parts = [None if out_path is None else Path(f"{out_path}.part{k}") for k in range(n)]
+    jobs = [(make_factory, shard, threads, part, kwargs) for shard, part in zip(shards, parts, strict=True)]
+    with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
+        futures = [ex.submit(_shard_worker, job) for job in jobs]
+        results: list[list[dict[str, Any]]] = []
+        for k, fut in enumerate(futures):
+            try:
+                results.append(fut.result())
+            except BrokenProcessPool as e:
+                raise RuntimeError(f"evaluation worker {k} of {n} died ({e}); its episodes so far are in "
+                                   f"{parts[k]}") from None
+    by_key = {(d["task_id"], d["trial"]): Trajectory.from_dict(d) for r in results for d in r}
+    order = [(t.task_id, trial) for t in tasks for trial in range(kwargs.get("n_trials", 1))]
+    out = [by_key[key] for key in order if key in by_key]
+    if out_path is not None:
+        with JsonlWriter(out_path) as w:
+            for t in out:
+                w.write(t)
+        for part in parts:
+            if part is not None:
+                part.unlink(missing_ok=True)
+    return out
+
+
 def sim_template_texts(tasks: Sequence[TaskSpec]) -> dict[str, str]:
     """Instruction templates (with ``{placeholders}``) of simulator tasks, for the semantic features of
     :func:`mobilerl.eval.metrics.summarize`. Tasks of other suites are skipped."""
