@@ -125,7 +125,7 @@ def package_run(work: Path, states: Path, cfg: PretrainConfig) -> dict:
     summary.setdefault("text_params", tiny.n_params(model, True))
     rebuild = {"command": REBUILD, "profile": cfg.profile, "overrides": cfg.overrides,
                "released_from": f"experiment run {work.name}: {state['step']} steps, {state['tokens']} tokens, "
-                                f"{state['minutes']:.1f} training minutes (one thread)"}
+                                f"{state['minutes']:.1f} training minutes ({profile.train.threads} torch thread(s))"}
     return release(model, processor, profile, summary, test, work, ROOT / cfg.out, cfg.probe_items,
                    cfg.max_size_mb, rebuild)
 

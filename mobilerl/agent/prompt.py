@@ -96,9 +96,14 @@ def line_boxes(xml_compressed: str) -> list[tuple[int, int, int, int] | None]:
 
 
 def mark_of(xml_compressed: str, box: Sequence[int]) -> int | None:
-    """The line a pixel ``box`` names: the line with exactly these bounds, else the smallest line whose
-    bounds hold the box's centre; None when no line does."""
-    boxes = line_boxes(xml_compressed)
+    """The line of the compressed XML a pixel ``box`` names (:func:`mark_in` over its lines' bounds)."""
+    return mark_in(line_boxes(xml_compressed), box)
+
+
+def mark_in(boxes: Sequence[Sequence[int] | None], box: Sequence[int]) -> int | None:
+    """Which of the lines' ``boxes`` a ``box`` names: the line with exactly these bounds, else the smallest
+    line whose bounds hold the box's centre; None when no line does."""
+    boxes = [None if b is None else tuple(b) for b in boxes]
     target = tuple(box)
     for i, b in enumerate(boxes):
         if b == target:

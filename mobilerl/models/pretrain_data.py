@@ -151,15 +151,10 @@ def mark_action(action: Action, nodes: Sequence[UINode]) -> str:
 
 
 def mark_index(nodes: Sequence[UINode], box: Sequence[int]) -> int | None:
-    """The line a pixel box names (as :func:`mobilerl.agent.prompt.mark_of` on the rendered screen)."""
-    target = tuple(box)
-    for i, n in enumerate(nodes):
-        if n.bounds == target:
-            return i
-    cx, cy = (target[0] + target[2]) // 2, (target[1] + target[3]) // 2
-    inside = [((b[2] - b[0]) * (b[3] - b[1]), i) for i, n in enumerate(nodes)
-              if (b := n.bounds)[0] <= cx <= b[2] and b[1] <= cy <= b[3]]
-    return min(inside)[1] if inside else None
+    """The line a pixel box names (:func:`mobilerl.agent.prompt.mark_in`, as the policy's frame does)."""
+    from mobilerl.agent.prompt import mark_in
+
+    return mark_in([n.bounds for n in nodes], box)
 
 
 def _random_action(state: ScreenState, rng: random.Random) -> Action:
