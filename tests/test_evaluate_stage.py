@@ -63,7 +63,7 @@ def test_each_checkpoint_runs_its_own_task_cap_spread_over_templates(tmp_path):
 
 def test_tiny_profile_prompts_compact_xml():
     g = load_profile("tiny").generation
-    assert (g.kind, g.obs_mode, g.prompt_style, g.coords) == ("hf", "xml", "compact", "rel")
+    assert (g.kind, g.obs_mode, g.prompt_style, g.coords) == ("hf", "xml", "compact", "marks")
     assert g.max_batch >= 32 and 16 <= g.max_new_tokens <= 256  # the longest oracle Type text is ~206 tokens
 
 

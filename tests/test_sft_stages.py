@@ -128,7 +128,7 @@ def test_sft_reasoning_free_trains_registers_and_loads(repo, reasoning_free):
     m = json.loads((repo.work / "data" / "checkpoints" / "sft_reasoning_free.json").read_text())
     assert m["steps"] == 4 and m["final_loss"] < m["first_loss"], m  # LLaMA-Factory lowers the loss
     assert m["tokens_per_s"] > 0 and m["prompt_format"] == {"mode": "xml", "prompt_style": "compact",
-                                                            "max_history": 4, "coords": "rel"}
+                                                            "max_history": 4, "coords": "marks"}
     assert (reasoning_free / "tiny.json").exists() and (reasoning_free / "trainer_log.jsonl").exists()
     assert json.loads((reasoning_free / "config.json").read_text())["use_cache"] is True
     assert isinstance(_generates(reasoning_free), str)
@@ -140,7 +140,7 @@ def test_bootstrap_keeps_only_matching_candidates(repo, bootstrap):
     from mobilerl.sft.reasoning import actions_match, episodes_by_split
 
     m = json.loads((bootstrap.parent / "bootstrap.json").read_text())
-    episodes = episodes_by_split({"collected": repo.work / "data" / "collect" / "stores" / "collected"}, 0.0, 0, "rel")
+    episodes = episodes_by_split({"collected": repo.work / "data" / "collect" / "stores" / "collected"}, 0.0, 0, "marks")
     expert = {st.step_id: st.action for ep in episodes["train"] for st in ep}
     assert m["steps"] == len(expert) and m["candidates"] == 3 * len(expert)
     proposals = [json.loads(line) for line in (bootstrap / "proposals.jsonl").read_text().splitlines()]
