@@ -339,22 +339,22 @@ def tap_answer(
     return format_action(Action(A.TAP, element=node_box(nodes[i], width, height, coords)))
 
 
-_INDEX_RE = re.compile(r'^\s*do\(\s*action\s*=\s*"(Tap|Long Press)"\s*,\s*index\s*=\s*(\d+)\s*\)\s*$')
-
-
 def resolve_index_action(text: str, nodes: Sequence[UINode]) -> str:
     """Turn a Set-of-Mark ``do(action="Tap", index=i)`` into the box form the env executes.
 
-    ``nodes`` are the numbered lines the model saw (absolute bounds). Other actions pass through.
-    Raises :class:`mobilerl.env.actions.ActionParseError` for an index that names no line.
+    ``nodes`` are the numbered lines the model saw (absolute bounds). Other actions, and text that is no
+    action, pass through (the caller's parse reports the latter). Raises
+    :class:`mobilerl.env.actions.ActionParseError` for an index that names no line.
     """
-    m = _INDEX_RE.match(A.extract_answer(text))
-    if m is None:
+    try:
+        a = A.parse_action(text)
+    except A.ActionParseError:
         return text
-    i = int(m.group(2))
-    if not 0 <= i < len(nodes):
-        raise A.ActionParseError(f"index {i} names no element (the screen has {len(nodes)})")
-    return format_action(Action(m.group(1), element=nodes[i].bounds))
+    if a.index is None:
+        return text
+    if a.index >= len(nodes):
+        raise A.ActionParseError(f"index {a.index} names no element (the screen has {len(nodes)})")
+    return format_action(replace(a, element=nodes[a.index].bounds, index=None))
 
 
 # --------------------------------------------------------------------------------------- questions
