@@ -187,17 +187,16 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     if n_proc > 1:
         if backend:
             raise SystemExit("--full with several processes takes the profile's backend settings (no --dtype)")
-        if concurrency:
-            cfg = cfg.model_copy(update={"model_concurrency": concurrency * n_proc})
+        per_process = concurrency or max(1, cfg.model_concurrency // n_proc)
         t0 = time.perf_counter()
-        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc)
+        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc, concurrency=per_process)
         wall = time.perf_counter() - t0
         steps = sum(len(t.steps) for t in trajs)
         success = sum(t.success for t in trajs)
         return {"policy": name, "processes": n_proc, "tasks": len(tasks), "success": success,
                 "episodes": len(trajs), "steps": steps, "success_rate": round(success / len(trajs), 4),
                 "errors": sum(t.error is not None for t in trajs),
-                "concurrency_per_process": cfg.model_concurrency // n_proc, "temperature": cfg.temperature,
+                "concurrency_per_process": per_process, "temperature": cfg.temperature,
                 "wall_s": round(wall, 1), "steps_per_s": round(steps / wall, 2)}
     policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend_overrides=backend)
     conc = concurrency or cfg.model_concurrency

@@ -172,9 +172,10 @@ def checkpoint_factory(name: str, cfg: dict[str, Any], root: str) -> Callable[[i
 
 
 def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: Path = ROOT,
-                   processes: int | None = None, **kwargs: Any) -> list:
+                   processes: int | None = None, concurrency: int | None = None, **kwargs: Any) -> list:
     """The episodes of checkpoint ``name`` on ``tasks`` in ``processes`` (default ``model_processes``) worker
-    processes (:func:`mobilerl.eval.evaluate_in_processes`); ``kwargs`` go to :func:`mobilerl.eval.evaluate`."""
+    processes (:func:`mobilerl.eval.evaluate_in_processes`), ``concurrency`` episodes in flight in each (default
+    ``model_concurrency`` shared out); ``kwargs`` go to :func:`mobilerl.eval.evaluate`."""
     import functools
     import os
 
@@ -184,7 +185,7 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
     threads = max(1, (os.cpu_count() or 1) // n)
     return evaluate_in_processes(functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root)), tasks,
                                  processes=n, threads=threads, n_trials=cfg.n_trials,
-                                 concurrency=max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
+                                 concurrency=concurrency or max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
                                  base_seed=cfg.seed, **kwargs)
 
 
