@@ -185,15 +185,13 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     n_proc = processes or cfg.model_processes
     tasks = world_test()[::every]
     if n_proc > 1:
-        if backend:
-            raise SystemExit("--full with several processes takes the profile's backend settings (no --dtype)")
         per_process = concurrency or max(1, cfg.model_concurrency // n_proc)
         t0 = time.perf_counter()
-        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc, concurrency=per_process)
+        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc, concurrency=per_process, backend_overrides=backend)
         wall = time.perf_counter() - t0
         steps = sum(len(t.steps) for t in trajs)
         success = sum(t.success for t in trajs)
-        return {"policy": name, "processes": n_proc, "tasks": len(tasks), "success": success,
+        return {"policy": name, "processes": n_proc, "backend": backend or {}, "tasks": len(tasks), "success": success,
                 "episodes": len(trajs), "steps": steps, "success_rate": round(success / len(trajs), 4),
                 "errors": sum(t.error is not None for t in trajs),
                 "concurrency_per_process": per_process, "temperature": cfg.temperature,
@@ -274,6 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-plain", action="store_true", help="skip the run without the lean text prefill")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     ap.add_argument("--dtype", default=None, help="with --full: inference dtype instead of the profile's")
+    ap.add_argument("--backend", metavar="KEY=VALUE", action="append", default=[],
+                    help="with --full: a backend setting over the profile's (repeatable; the value is read as JSON, "
+                         "e.g. --backend speculate_tokens=0 --backend prefix_cache_tokens=0)")
     ap.add_argument("--full-every", type=int, default=1, help="with --full: every N-th world/test task")
     ap.add_argument("--processes", type=int, default=None,
                     help="with --full: worker processes (default: evaluate.model_processes; 1: this process)")
@@ -288,6 +289,14 @@ def main(argv: list[str] | None = None) -> None:
         over: dict[str, Any] = {}
         if args.dtype:
             over["dtype"] = args.dtype
+        for kv in args.backend:
+            key, sep, value = kv.partition("=")
+            if not sep:
+                raise SystemExit(f"--backend {kv!r}: expected KEY=VALUE")
+            try:
+                over[key] = json.loads(value)
+            except json.JSONDecodeError:
+                over[key] = value
         res = full_world_test(args.full, over, args.full_every, args.processes, args.concurrency)
         print("full world/test:", json.dumps(res), flush=True)
         if args.out:

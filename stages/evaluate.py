@@ -164,18 +164,21 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
                        coords=g.coords)
 
 
-def checkpoint_factory(name: str, cfg: dict[str, Any], root: str) -> Callable[[int], Any]:
+def checkpoint_factory(name: str, cfg: dict[str, Any], root: str,
+                       backend_overrides: dict[str, Any] | None = None) -> Callable[[int], Any]:
     """``seed -> policy`` of checkpoint ``name`` built from a dumped :class:`EvaluateConfig` (picklable: what
     each worker of :func:`run_checkpoint` calls to load its own copy of the model)."""
     c = EvaluateConfig.model_validate(cfg)
-    return checkpoint_policy(name, c.checkpoints[name], c, Path(root)).with_seed
+    return checkpoint_policy(name, c.checkpoints[name], c, Path(root), backend_overrides).with_seed
 
 
 def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: Path = ROOT,
-                   processes: int | None = None, concurrency: int | None = None, **kwargs: Any) -> list:
+                   processes: int | None = None, concurrency: int | None = None,
+                   backend_overrides: dict[str, Any] | None = None, **kwargs: Any) -> list:
     """The episodes of checkpoint ``name`` on ``tasks`` in ``processes`` (default ``model_processes``) worker
     processes (:func:`mobilerl.eval.evaluate_in_processes`), ``concurrency`` episodes in flight in each (default
-    ``model_concurrency`` shared out); ``kwargs`` go to :func:`mobilerl.eval.evaluate`."""
+    ``model_concurrency`` shared out; ``backend_overrides`` as for :func:`checkpoint_policy`); ``kwargs`` go to
+    :func:`mobilerl.eval.evaluate`."""
     import functools
     import os
 
@@ -183,7 +186,8 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
 
     n = processes or cfg.model_processes
     threads = max(1, (os.cpu_count() or 1) // n)
-    return evaluate_in_processes(functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root)), tasks,
+    return evaluate_in_processes(functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root), backend_overrides),
+                                 tasks,
                                  processes=n, threads=threads, n_trials=cfg.n_trials,
                                  concurrency=concurrency or max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
                                  base_seed=cfg.seed, **kwargs)

@@ -235,6 +235,115 @@ def test_rows_ending_early_are_dropped_from_the_batch_without_changing_the_other
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
 
 
+LONG = ("Task: add a contact named Alice with phone 555 and open the Contacts app\n"
+        "Button;clickable;OK;[10,20][300,400]\nTextView;;Contacts;[0,0][999,80]\n" * 3)
+
+
+def test_prefix_cache_prefills_only_what_is_new_and_changes_nothing(hf, ckpt):
+    """A prompt that starts like an earlier one reuses its keys/values: the same logits and cache as a full
+    prefill, the same generations as a backend without the cache; new weights empty the cache."""
+    import torch
+
+    from mobilerl.models.text_prefill import PrefixCache
+
+    enc = hf._encode([hf.render(text_request(LONG + "Tap OK"))], [])
+    ids = enc["input_ids"]
+    n = ids.shape[1]
+    with torch.inference_mode():
+        full_logits, full_kv = hf._text_prefill(ids)
+        head_logits, head_kv = hf._text_prefill(ids[:, : n - 7])
+        logits, kv = hf._text_prefill(ids, [(k[:, :, : n - 9], v[:, :, : n - 9]) for k, v in head_kv])
+    torch.testing.assert_close(logits, full_logits, rtol=1e-5, atol=1e-5)
+    for (k, v), (fk, fv) in zip(kv, full_kv, strict=True):
+        torch.testing.assert_close(k, fk, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, fv, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="must leave a token"):
+        hf._text_prefill(ids, full_kv)
+
+    cached = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=4, prefix_cache_tokens=4096)
+    plain = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=4, prefix_cache_tokens=0)
+    assert plain.prefix_cache is None
+    reqs = [text_request(LONG + s) for s in ("", "Back", "Tap OK please", "Back")]
+    sc = SamplingConfig(temperature=0, max_new_tokens=8)
+    for r in reqs:  # one at a time: each prompt after the first finds its start in the cache
+        [a], [b] = run(cached.generate([r], sc)), run(plain.generate([r], sc))
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    pc = cached.prefix_cache
+    assert pc.lookups == 4 and pc.hits == 3 and pc.reused_tokens >= 3 * len(LONG) // 4
+    with torch.no_grad():  # an RL update: the cached keys are stale
+        next(cached.model.parameters()).add_(0.5)
+    [a] = run(cached.generate([reqs[1]], sc))
+    assert pc.hits == 3 and pc.lookups == 5  # the cache was emptied before the lookup
+    plain2 = HFBackend(cached.model, cached.processor, prefix_cache_tokens=0)
+    assert a.token_ids == run(plain2.generate([reqs[1]], sc))[0].token_ids
+    with torch.no_grad():
+        next(cached.model.parameters()).sub_(0.5)
+
+    lru = PrefixCache(100, block=4, min_prefix=3)
+    kv1 = [(torch.zeros(1, 1, 40, 2), torch.zeros(1, 1, 40, 2))]
+    lru.insert(list(range(40)), kv1)
+    assert lru.lookup(list(range(10)) + [99, 98]) [0][0].shape[2] == 10  # the shared start, token by token
+    assert lru.lookup(list(range(40)))[0][0].shape[2] == 39  # a whole known prompt still runs its last token
+    assert lru.lookup([5, 6, 7, 8, 9]) is None and lru.lookup([0, 1, 9, 9, 9]) is None  # < min_prefix
+    lru.insert(list(range(100, 170)), [(torch.zeros(1, 1, 70, 2),) * 2])  # 110 tokens > 100: the oldest goes
+    assert lru.lookup(list(range(20))) is None and lru.lookup(list(range(100, 120))) is not None
+
+
+def test_prompt_lookup_guesses_copies_and_loops():
+    from mobilerl.models.hf_backend import PromptLookup
+
+    assert PromptLookup([5, 1, 2, 3, 4, 9, 1, 2]).draft([], 3) == [3, 4, 9]  # "1 2" went on as "3 4 9"
+    # The longest matching n-gram wins: "1 2 3" continued "8 0", the later "2 3" continued "5 1".
+    assert PromptLookup([1, 2, 3, 8, 0, 2, 3, 5, 1, 1, 2, 3]).draft([], 2) == [8, 0]
+    lk = PromptLookup([10, 11, 12, 13, 14, 20])
+    assert lk.draft([11, 12], 3) == [13, 14, 20]  # the 2-gram "11 12" continues as in the prompt
+    assert lk.draft([11, 12, 13], 2) == [14, 20]  # incremental: the new tokens are indexed too
+    assert PromptLookup([8, 3, 3, 3]).draft([], 5) == [3, 3, 3, 3, 3]  # a loop copies into itself
+    assert PromptLookup([1, 2, 3]).draft([], 4) == []  # nothing to copy
+
+
+def test_speculative_decoding_is_plain_greedy_decoding(ckpt):
+    """Prompt-lookup guesses checked in one forward give the tokens, logprobs and finish reasons of plain
+    decoding, in batches with sampled rows, stop strings and the token cap, while running fewer forwards."""
+    model_kw = dict(device="cpu", max_batch=8, batch_wait_ms=50, prefix_cache_tokens=0)
+    spec = HFBackend.from_pretrained(ckpt, speculate_tokens=6, speculate_rows=8, **model_kw)
+    plain = HFBackend(spec.model, spec.processor, max_batch=8, batch_wait_ms=50, speculate_tokens=0,
+                      prefix_cache_tokens=0)
+    forwards = {}
+    for name, be in (("spec", spec), ("plain", plain)):
+        be.model._fw = 0
+        forwards[name] = be.model.register_forward_pre_hook(lambda m, a: setattr(m, "_fw", m._fw + 1))
+    reqs = [text_request(LONG + s) for s in ("", "Back", "Tap OK please", "hello", "x y z")]
+    scs = [SamplingConfig(temperature=0, max_new_tokens=40), SamplingConfig(temperature=0, max_new_tokens=17),
+           SamplingConfig(temperature=1.0, max_new_tokens=40, seed=5), SamplingConfig(temperature=0, max_new_tokens=40),
+           SamplingConfig(temperature=0, max_new_tokens=40)]
+
+    async def batch(be, scs):
+        return [g for [g] in await asyncio.gather(*(be.generate([r], sc) for r, sc in zip(reqs, scs, strict=True)))]
+
+    for group in (scs, [replace_stop(sc) for sc in scs]):
+        counts = {}
+        results = {}
+        for name, be in (("spec", spec), ("plain", plain)):
+            before = be.model._fw
+            results[name] = run(batch(be, group))
+            counts[name] = be.model._fw - before
+        for x, y in zip(results["spec"], results["plain"], strict=True):
+            assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason and x.text == y.text
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+        assert counts["spec"] < counts["plain"]
+    assert results["plain"][1].finish_reason == "length" and len(results["plain"][1].token_ids) == 17
+    for h in forwards.values():
+        h.remove()
+
+
+def replace_stop(sc: SamplingConfig) -> SamplingConfig:
+    from dataclasses import replace
+
+    return replace(sc, stop=("Contacts",))
+
+
 def test_sampler_draws_from_the_nucleus_per_row_streams():
     import torch
 

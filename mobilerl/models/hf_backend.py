@@ -25,7 +25,7 @@ import asyncio
 import functools
 import inspect
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from mobilerl.models.generation import (
     apply_stop,
     text_content,
 )
-from mobilerl.models.text_prefill import TextPrefill
+from mobilerl.models.text_prefill import PrefixCache, TextPrefill
 
 
 def token_logprobs(logits: Any, tokens: Any, temperature: float | Any) -> Any:
@@ -93,14 +93,22 @@ class _Sampler:
         self.suppress = suppress
         self.u = torch.stack([torch.rand(n, generator=torch.Generator().manual_seed(seed)) for seed in seeds]).to(device)
 
+    def _scores(self, logits: Any) -> Any:
+        scores = logits.float()
+        if self.suppress:
+            scores = scores.clone()  # never modify the raw logits (the logprobs come from them)
+            scores[..., self.suppress] = float("-inf")
+        return scores
+
+    def greedy_tokens(self, logits: Any) -> Any:
+        """The greedy choice at each of ``logits`` (..., V): what a temperature-0 row samples."""
+        return self._scores(logits).argmax(dim=-1)
+
     def __call__(self, logits: Any, rows: Any, t: int) -> Any:
         """Tokens (b,) for raw ``logits`` (b, V) of the items ``rows`` (b,) at new-token index ``t``."""
         import torch
 
-        scores = logits.float()
-        if self.suppress:
-            scores = scores.clone()  # never modify the raw logits (the logprobs come from them)
-            scores[:, self.suppress] = float("-inf")
+        scores = self._scores(logits)
         tok = scores.argmax(dim=-1)
         if not self.any_sampled:
             return tok
@@ -122,6 +130,44 @@ class _Sampler:
         j = torch.where(j >= cdf.shape[-1], cdf.argmax(-1, keepdim=True), j)  # u * total rounded up to total
         tok[sampled] = (order.gather(-1, j) if order is not None else j).squeeze(-1)
         return tok
+
+
+class PromptLookup:
+    """Guesses a row's next tokens for speculative decoding by prompt lookup: find the latest earlier place
+    where the text's last ``n`` tokens (``n`` = 3, 2, 1) occurred, in the prompt or the tokens generated so
+    far, and copy what followed it. The copy may run into the tokens it is producing (as an LZ77 copy does), so
+    a loop of one token or phrase is guessed to any length. Answers here copy the prompt (a ``Type`` text is
+    a span of the task, an element's index or the format from the history), and a degenerate answer repeats
+    one token to the length cap.
+
+    N-grams are indexed incrementally (a dict per ``n``), so a guess costs O(k) after the prompt's one pass.
+    """
+
+    def __init__(self, prompt: list[int], max_n: int = 3) -> None:
+        self.ctx = list(prompt)
+        self.n_prompt = len(prompt)
+        self.max_n = max_n
+        self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
+        self.indexed = 0  # n-grams ending at positions < indexed are in the index
+
+    def draft(self, generated: list[int], k: int) -> list[int]:
+        """Up to ``k`` guessed tokens after prompt + ``generated`` (``generated`` only grows between calls)."""
+        ctx = self.ctx
+        ctx.extend(generated[len(ctx) - self.n_prompt:])
+        end = len(ctx)
+        for e in range(max(self.indexed, 1), end):  # every n-gram ending before the last position
+            for n in range(1, min(self.max_n, e) + 1):
+                self.index[n][tuple(ctx[e - n:e])] = e
+        self.indexed = end
+        for n in range(min(self.max_n, end - 1), 0, -1):
+            src = self.index[n].get(tuple(ctx[end - n:]))
+            if src is not None:
+                out: list[int] = []
+                for i in range(k):
+                    j = src + i
+                    out.append(ctx[j] if j < end else out[j - end])
+                return out
+        return []
 
 
 def _decode_cache(prefills: Sequence[list[tuple[Any, Any]]], lengths: list[int], capacity: int) -> Any:
@@ -177,7 +223,13 @@ def _growing_layer() -> type:
             self.keys, self.values = keys[:, :, :length], values[:, :, :length]
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            import torch
+
             end = self.length + key_states.shape[-2]
+            if end > self.kbuf.shape[2]:  # speculation's rejected positions used up the room: grow
+                more = max(end, 2 * self.kbuf.shape[2]) - self.kbuf.shape[2]
+                self.kbuf = torch.cat((self.kbuf, self.kbuf.new_zeros(*self.kbuf.shape[:2], more, self.kbuf.shape[3])), 2)
+                self.vbuf = torch.cat((self.vbuf, self.vbuf.new_zeros(*self.vbuf.shape[:2], more, self.vbuf.shape[3])), 2)
             self.kbuf[:, :, self.length:end] = key_states
             self.vbuf[:, :, self.length:end] = value_states
             self.length = end
@@ -211,12 +263,24 @@ class HFBackend:
         name: recorded as the policy/backend name.
         fast_prefill: prefill text-only prompts with :class:`~mobilerl.models.text_prefill.TextPrefill`
             where the model is one it supports (the same logits and cache; ~1.2x faster on the tiny model).
+        speculate_tokens: greedy rows guess up to this many next tokens by prompt lookup (:class:`PromptLookup`)
+            and the model checks the guesses in the same forward as the token just chosen, once at most
+            ``speculate_rows`` rows are left in the batch (0: off). The output is what plain greedy decoding
+            gives (up to float noise); it shortens the tail of a batch, where one long answer (a long ``Type``
+            text, a degenerate repetition to the token cap) held every other request back one forward a token.
+        prefix_cache_tokens: with the lean text prefill, keep the keys/values of recent prompts up to this many
+            positions (:class:`~mobilerl.models.text_prefill.PrefixCache`) and prefill only what a new prompt
+            does not share with one of them (0: off). The cache is dropped whenever the weights change.
     """
 
     def __init__(
         self, model: Any, processor: Any, *, max_batch: int = 16, batch_wait_ms: float = 5.0, name: str = "hf",
-        fast_prefill: bool = True,
+        fast_prefill: bool = True, prefix_cache_tokens: int = 65536, speculate_tokens: int = 16,
+        speculate_rows: int = 8,
     ) -> None:
+        if speculate_tokens < 0 or speculate_rows < 0 or prefix_cache_tokens < 0:
+            raise ValueError("speculate_tokens, speculate_rows and prefix_cache_tokens must be >= 0")
+        self.speculate_tokens, self.speculate_rows = speculate_tokens, speculate_rows
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -236,6 +300,8 @@ class HFBackend:
         self._last_logits: dict[str, Any] = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # Text-only prompts of a Qwen2-VL model skip the transformers forward's bookkeeping (same numbers).
         self._text_prefill = TextPrefill.for_model(model) if fast_prefill else None
+        self.prefix_cache = (PrefixCache(prefix_cache_tokens)
+                             if self._text_prefill is not None and prefix_cache_tokens > 0 else None)
         # One thread runs every model call (batches, score), so the model is never used concurrently.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mobilerl-hf")
         self._batcher = MicroBatcher(
@@ -336,11 +402,11 @@ class HFBackend:
             )
         return {k: v.to(self.model.device) for k, v in enc.items()}
 
-    def _prefill(self, request: ChatRequest) -> tuple[Any, list[tuple[Any, Any]], int, int]:
+    def _prefill(self, request: ChatRequest) -> tuple[Any, list[tuple[Any, Any]], int, int, Any]:
         """One prompt through the model alone (no padding, so no mask: the causal kernel, and no FLOPs on pad
         tokens, which were half of a left-padded batch). Returns the last position's raw logits (V,), the
-        per-layer ``(keys, values)`` of its cache, the prompt length and the M-RoPE offset of its next
-        position (0 without images)."""
+        per-layer ``(keys, values)`` of its cache, the prompt length, the M-RoPE offset of its next
+        position (0 without images) and the prompt's token ids (n,)."""
         import torch
 
         enc = self._encode([self.render(request)], list(request.images or []))
@@ -350,13 +416,18 @@ class HFBackend:
             deltas = getattr(out, "rope_deltas", None)
             delta = int(deltas.view(-1)[0]) if deltas is not None else 0
         elif self._text_prefill is not None:
-            logits, kv = self._text_prefill(enc["input_ids"])
-            return logits, kv, n, 0
+            cache = self.prefix_cache
+            ids = enc["input_ids"][0].tolist() if cache is not None else []
+            past = cache.lookup(ids) if cache is not None else None
+            logits, kv = self._text_prefill(enc["input_ids"], past)
+            if cache is not None:
+                cache.insert(ids, kv)
+            return logits, kv, n, 0, enc["input_ids"][0]
         else:  # explicit positions: no dependence on the rope offsets the model keeps from its last call
             pos = torch.arange(n, device=self.model.device).unsqueeze(0)
             out = self.model(**enc, position_ids=pos, use_cache=True, **self._last_logits)
             delta = 0
-        return out.logits[0, -1], _layer_kv(out.past_key_values), n, delta
+        return out.logits[0, -1], _layer_kv(out.past_key_values), n, delta, enc["input_ids"][0]
 
     def _generate_batch(self, items: list[tuple[ChatRequest, SamplingConfig, int]]) -> list[Generation]:
         """Prefill each prompt alone, then decode all rows together over one preallocated KV cache.
@@ -371,13 +442,16 @@ class HFBackend:
         n_new, stop = sampling.max_new_tokens, sampling.stop
         device = self.model.device
         tail = 4 * max((len(x) for x in stop), default=0) + 4  # a stop string shows up within this many tokens
+        if self.prefix_cache is not None:  # new weights (an RL update, a load_state_dict): forget the old keys
+            self.prefix_cache.check_version(tuple((id(p), p._version) for p in self.model.parameters()))
         with torch.inference_mode(), attention_kernels(device):
             pre = [self._prefill(r) for r, _, _ in items]
-            lengths = [n for _, _, n, _ in pre]
+            lengths = [n for _, _, n, _, _ in pre]
+            prompt_ids = [ids for _, _, _, _, ids in pre]
             width = max(lengths)
-            cache = _decode_cache([c for _, c, _, _ in pre], lengths, width + n_new)
-            logits = torch.stack([lg for lg, _, _, _ in pre])  # (B, V) raw logits of the current position
-            positions = torch.tensor([n + d for _, _, n, d in pre], device=device)  # next position of each row
+            cache = _decode_cache([c for _, c, _, _, _ in pre], lengths, width + n_new)
+            logits = torch.stack([lg for lg, _, _, _, _ in pre])  # (B, V) raw logits of the current position
+            positions = torch.tensor([n + d for _, _, n, d, _ in pre], device=device)  # next position of each row
             del pre
             mask = torch.zeros((len(items), width + n_new), dtype=torch.long, device=device)
             for b, n in enumerate(lengths):
@@ -386,27 +460,34 @@ class HFBackend:
             sampler = _Sampler([s for _, s, _ in items], [seed for _, _, seed in items], n_new, self.suppress_ids,
                                device)
             lp_temps = torch.tensor([s.logprob_temperature for _, s, _ in items], device=device)
+            greedy = [s.temperature == 0 for _, s, _ in items]
             rows = torch.arange(len(items), device=device)  # batch row -> item
             tokens: list[list[int]] = [[] for _ in items]
             logprobs: list[list[float]] = [[] for _ in items]
             ended = [False] * len(items)
-            for t in range(n_new):
+            stopped = [False] * len(items)  # ended at the end-of-turn token or a stop string
+            lookups: dict[int, PromptLookup] = {}
+
+            def push(b: int, tk: int, lp: float) -> bool:
+                """Append a token to item ``b``; True when the item is complete."""
+                tokens[b].append(tk)
+                logprobs[b].append(lp)
+                if tk in self.eos_ids or (
+                    stop and apply_stop(self.tokenizer.decode(tokens[b][-tail:], skip_special_tokens=True), stop)[1]
+                ):
+                    stopped[b] = True
+                ended[b] = stopped[b] or len(tokens[b]) >= n_new
+                return ended[b]
+
+            t = 0  # decoding steps so far = the new-token index of every sampled row (they take one a step)
+            while True:
                 tok = sampler(logits, rows, t)
                 lps = token_logprobs(logits, tok, lp_temps[rows].unsqueeze(-1))
                 live = 0
                 for b, tk, lp in zip(rows.tolist(), tok.tolist(), lps.tolist(), strict=True):
-                    if ended[b]:
-                        continue
-                    tokens[b].append(tk)
-                    logprobs[b].append(lp)
-                    if tk in self.eos_ids or (
-                        stop and apply_stop(self.tokenizer.decode(tokens[b][-tail:], skip_special_tokens=True),
-                                            stop)[1]
-                    ):
-                        ended[b] = True
-                    else:
+                    if not ended[b] and not push(b, tk, lp):
                         live += 1
-                if live == 0 or t == n_new - 1:
+                if live == 0:
                     break
                 if live <= len(rows) // 2:
                     keep = torch.tensor([j for j, b in enumerate(rows.tolist()) if not ended[b]], device=device)
@@ -415,17 +496,71 @@ class HFBackend:
                         layer.select(keep, start)
                     rows, tok, positions = rows[keep], tok[keep], positions[keep]
                     mask, pad = mask[keep, start:], pad[keep] - start
-                kv = cache.layers[0].length + 1
-                out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask[:, :kv],
-                                 position_ids=(positions + t).unsqueeze(-1), past_key_values=cache, use_cache=True)
-                logits = out.logits[:, -1]
+                # Speculation (greedy rows of a batch down to its last few): each row's guess of its next
+                # tokens, checked in the same forward as the token just sampled.
+                drafts: list[list[int]] = []
+                if self.speculate_tokens and len(rows) <= self.speculate_rows:
+                    for b in rows.tolist():
+                        room = min(self.speculate_tokens, n_new - 1 - len(tokens[b]))
+                        if ended[b] or not greedy[b] or room <= 0:
+                            drafts.append([])
+                            continue
+                        if b not in lookups:
+                            lookups[b] = PromptLookup(prompt_ids[b].tolist())
+                        drafts.append(lookups[b].draft(tokens[b], room))
+                q = 1 + max(map(len, drafts), default=0)
+                inp = tok.unsqueeze(-1)
+                if q > 1:
+                    inp = torch.tensor([[pad_tok] + d + [self.pad_id] * (q - 1 - len(d))
+                                        for pad_tok, d in zip(tok.tolist(), drafts, strict=True)], device=device)
+                kv = cache.layers[0].length + q
+                if kv > mask.shape[1]:  # speculation's rejected columns used up the room
+                    mask = torch.cat((mask, mask.new_ones((mask.shape[0], max(kv - mask.shape[1], n_new)))), 1)
+                out = self.model(input_ids=inp, attention_mask=mask[:, :kv],
+                                 position_ids=positions.unsqueeze(-1) + torch.arange(q, device=device),
+                                 past_key_values=cache, use_cache=True)
+                if q == 1:
+                    logits = out.logits[:, -1]
+                    positions = positions + 1
+                else:
+                    taken = self._accept(out.logits, drafts, rows, lp_temps, sampler, ended, push)
+                    for j, a in enumerate(taken):
+                        mask[j, kv - q + 1 + a:kv] = 0  # rejected guesses (and padding) are never seen again
+                    idx = torch.tensor(taken, device=device)
+                    logits = out.logits[torch.arange(len(taken), device=device), idx]
+                    positions = positions + 1 + idx
+                t += 1
         results = []
         for b, (_, s, _) in enumerate(items):
             ids = tokens[b]
             body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
             text, _ = apply_stop(self.tokenizer.decode(body, skip_special_tokens=True), s.stop)
-            results.append(Generation(text, ids, logprobs[b], "stop" if ended[b] else "length", lengths[b]))
+            results.append(Generation(text, ids, logprobs[b], "stop" if stopped[b] else "length", lengths[b]))
         return results
+
+    @staticmethod
+    def _accept(logits: Any, drafts: list[list[int]], rows: Any, lp_temps: Any, sampler: _Sampler, ended: list[bool],
+                push: Callable[[int, int, float], bool]) -> list[int]:
+        """Check each row's guessed tokens against the greedy choice at each position of a speculative forward
+        (``logits``: (R, q, V)); push the agreeing prefix to the row's item (up to its end). Returns the
+        guesses accepted per row; the next token then comes from position ``accepted`` of the row."""
+        import torch
+
+        taken = []
+        for j, (b, d) in enumerate(zip(rows.tolist(), drafts, strict=True)):
+            a = 0
+            if d and not ended[b]:
+                pred = sampler.greedy_tokens(logits[j, :len(d)]).tolist()
+                while a < len(d) and pred[a] == d[a]:
+                    a += 1
+                if a:
+                    lps = token_logprobs(logits[j, :a], torch.tensor(d[:a], device=logits.device), lp_temps[b]).tolist()
+                    for i in range(a):
+                        if push(b, d[i], lps[i]):
+                            a = i + 1
+                            break
+            taken.append(a)
+        return taken
 
     def _completion_ids(self, completion: str | Sequence[int]) -> list[int]:
         if isinstance(completion, str):

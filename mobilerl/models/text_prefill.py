@@ -13,10 +13,18 @@ transformers forward).
 
 Only models it was checked against are taken (:meth:`TextPrefill.for_model` returns None otherwise, and
 the backend keeps the transformers forward): Qwen2-VL with default RoPE, no sliding window.
+
+**Prefix reuse.** Consecutive prompts of an episode share their beginning (system prompt, task, the part of
+the history that did not scroll away: ~26 % of the tiny policy's prompt tokens on world/test), and the
+samples of a GRPO group share their whole first prompt. :class:`PrefixCache` keeps the keys/values of
+recent prompts; ``TextPrefill(ids, past=kv)`` then runs only the new tokens, their queries attending to the
+cached keys and to each other (causal). The keys/values of a position depend only on the tokens up to it,
+so this is the same computation as a full prefill (the test checks logits and cache).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 SUPPORTED = ("Qwen2VLForConditionalGeneration",)
@@ -63,28 +71,123 @@ class TextPrefill:
         _, cos, sin = self._tables
         return cos[:n], sin[:n]
 
-    def __call__(self, input_ids: Any) -> tuple[Any, list[tuple[Any, Any]]]:
+    def __call__(self, input_ids: Any, past: list[tuple[Any, Any]] | None = None) -> tuple[Any, list[tuple[Any, Any]]]:
+        """``past``: the per-layer ``(keys, values)`` of the first ``p`` tokens of ``input_ids`` (from an earlier
+        prompt that starts with them; ``p`` < the prompt's length). Only the other tokens are run; the returned
+        cache covers the whole prompt."""
         import torch
         import torch.nn.functional as F
 
         n = input_ids.shape[1]
+        p = past[0][0].shape[2] if past else 0
+        if not 0 <= p < n:
+            raise ValueError(f"a cached prefix of {p} tokens for a prompt of {n}: it must leave a token to run")
         cos, sin = self._rope(n)
+        cos, sin = cos[p:], sin[p:]
         half = self.head_dim // 2
+        s = n - p
+        # Queries of the new tokens see every cached key and the new keys up to their own position.
+        mask = None if not p else (
+            torch.arange(n, device=input_ids.device)[None, :] <= torch.arange(p, n, device=input_ids.device)[:, None])
 
         def rotate(x: Any) -> Any:
             return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
-        h = self.lm.embed_tokens(input_ids)
+        h = self.lm.embed_tokens(input_ids[:, p:])
         kv: list[tuple[Any, Any]] = []
-        for layer in self.lm.layers:
+        for li, layer in enumerate(self.lm.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = rotate(attn.q_proj(x).view(1, n, self.heads, self.head_dim).transpose(1, 2))
-            k = rotate(attn.k_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2))
-            v = attn.v_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = rotate(attn.q_proj(x).view(1, s, self.heads, self.head_dim).transpose(1, 2))
+            k = rotate(attn.k_proj(x).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2))
+            v = attn.v_proj(x).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            if p:
+                k = torch.cat((past[li][0], k), dim=2)
+                v = torch.cat((past[li][1], v), dim=2)
             kv.append((k, v))
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=self.kv_heads != self.heads)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(1, s, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = self.model.lm_head(self.lm.norm(h[:, -1:]))
         return logits[0, -1], kv
+
+
+class PrefixCache:
+    """The keys/values of recent prompts, found again by their token prefix (vLLM's automatic prefix caching,
+    for the lean text prefill). Prompts are indexed by the chained hashes of their full ``block``-token blocks;
+    :meth:`lookup` follows a new prompt's blocks as far as some cached prompt shares them, then extends the
+    match token by token against that prompt. At most ``max_tokens`` positions are kept (least recently used
+    prompts go first), and everything is dropped when ``version`` (the weights' version) changes.
+
+    ``min_prefix``: shorter matches are not used (the masked attention of a prefix-reusing prefill costs a
+    little more than the causal kernel, which a few saved tokens do not repay).
+    """
+
+    def __init__(self, max_tokens: int, *, block: int = 16, min_prefix: int = 48) -> None:
+        if max_tokens < 0 or block < 1:
+            raise ValueError(f"PrefixCache needs max_tokens >= 0 and block >= 1, got {max_tokens}, {block}")
+        self.max_tokens, self.block, self.min_prefix = max_tokens, block, min_prefix
+        self._entries: OrderedDict[int, tuple[list[int], list[tuple[Any, Any]], list[int]]] = OrderedDict()
+        self._index: dict[int, int] = {}  # chained block hash -> entry id (the latest prompt with that prefix)
+        self._tokens = 0
+        self._next = 0
+        self.version: Any = None
+        self.hits = self.lookups = self.reused_tokens = self.prompt_tokens = 0
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        out, h = [], 0
+        for i in range(0, len(ids) - self.block + 1, self.block):
+            h = hash((h, tuple(ids[i:i + self.block])))
+            out.append(h)
+        return out
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._index.clear()
+        self._tokens = 0
+
+    def check_version(self, version: Any) -> None:
+        """Drop everything if ``version`` differs from the last one seen (the weights changed)."""
+        if version != self.version:
+            self.clear()
+            self.version = version
+
+    def lookup(self, ids: list[int]) -> list[tuple[Any, Any]] | None:
+        """The cached per-layer ``(keys, values)`` of the longest known prefix of ``ids`` (sliced to it, and
+        always shorter than ``ids``), or None."""
+        self.lookups += 1
+        self.prompt_tokens += len(ids)
+        entry_id = None
+        for h in self._hashes(ids):
+            e = self._index.get(h)
+            if e is None:
+                break
+            entry_id = e
+        if entry_id is None:
+            return None
+        cached, kv, _ = self._entries[entry_id]
+        n = min(len(cached), len(ids) - 1)
+        p = next((i for i in range(n) if cached[i] != ids[i]), n)
+        if p < self.min_prefix:
+            return None
+        self._entries.move_to_end(entry_id)
+        self.hits += 1
+        self.reused_tokens += p
+        return [(k[:, :, :p], v[:, :, :p]) for k, v in kv]
+
+    def insert(self, ids: list[int], kv: list[tuple[Any, Any]]) -> None:
+        if len(ids) > self.max_tokens:
+            return
+        hashes = self._hashes(ids)
+        eid, self._next = self._next, self._next + 1
+        self._entries[eid] = (list(ids), kv, hashes)
+        self._tokens += len(ids)
+        for h in hashes:
+            self._index[h] = eid
+        while self._tokens > self.max_tokens:
+            old, (old_ids, _, old_hashes) = self._entries.popitem(last=False)
+            self._tokens -= len(old_ids)
+            for h in old_hashes:
+                if self._index.get(h) == old:
+                    del self._index[h]
