@@ -171,11 +171,13 @@ def model_concurrency() -> int:
 
 
 def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int = 1,
-                    processes: int | None = None, concurrency: int | None = None) -> dict[str, Any]:
+                    processes: int | None = None, concurrency: int | None = None,
+                    env_threads: bool = False) -> dict[str, Any]:
     """The ``evaluate`` stage's policy ``name`` over all of world/test (every ``every``-th task), n = 1: wall
     time and what it did. ``backend``: backend settings over the profile's (e.g. ``dtype``); ``processes``:
     worker processes instead of ``evaluate.model_processes`` (1: this process), ``concurrency``: episodes in
-    flight (per process) instead of the stage's."""
+    flight (per process) instead of the stage's; ``env_threads``: the simulator in threads, as before it ran on
+    the event loop (``evaluate(inline_env=False)``)."""
     from stages.common import load_params
     from stages.evaluate import EvaluateConfig, checkpoint_policy, run_checkpoint
 
@@ -187,11 +189,13 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     if n_proc > 1:
         per_process = concurrency or max(1, cfg.model_concurrency // n_proc)
         t0 = time.perf_counter()
-        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc, concurrency=per_process, backend_overrides=backend)
+        trajs = run_checkpoint(name, tasks, cfg, processes=n_proc, concurrency=per_process, backend_overrides=backend,
+                               inline_env=not env_threads)
         wall = time.perf_counter() - t0
         steps = sum(len(t.steps) for t in trajs)
         success = sum(t.success for t in trajs)
-        return {"policy": name, "processes": n_proc, "backend": backend or {}, "tasks": len(tasks), "success": success,
+        return {"policy": name, "processes": n_proc, "backend": backend or {}, "env_threads": env_threads,
+                "tasks": len(tasks), "success": success,
                 "episodes": len(trajs), "steps": steps, "success_rate": round(success / len(trajs), 4),
                 "errors": sum(t.error is not None for t in trajs),
                 "concurrency_per_process": per_process, "temperature": cfg.temperature,
@@ -200,7 +204,7 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     conc = concurrency or cfg.model_concurrency
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = evaluate_sync(policy.with_seed, tasks, concurrency=conc, perturb=cfg.perturb,
-                          base_seed=cfg.seed, progress=True)
+                          base_seed=cfg.seed, progress=True, inline_env=not env_threads)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = sum(len(t.steps) for t in trajs)
     stats = policy.backend.stats
@@ -275,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backend", metavar="KEY=VALUE", action="append", default=[],
                     help="with --full: a backend setting over the profile's (repeatable; the value is read as JSON, "
                          "e.g. --backend speculate_tokens=0 --backend prefix_cache_tokens=0)")
+    ap.add_argument("--env-threads", action="store_true",
+                    help="with --full: run the simulator's calls in threads (evaluate(inline_env=False)), not inline")
     ap.add_argument("--full-every", type=int, default=1, help="with --full: every N-th world/test task")
     ap.add_argument("--processes", type=int, default=None,
                     help="with --full: worker processes (default: evaluate.model_processes; 1: this process)")
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
                 over[key] = json.loads(value)
             except json.JSONDecodeError:
                 over[key] = value
-        res = full_world_test(args.full, over, args.full_every, args.processes, args.concurrency)
+        res = full_world_test(args.full, over, args.full_every, args.processes, args.concurrency, args.env_threads)
         print("full world/test:", json.dumps(res), flush=True)
         if args.out:
             args.out.write_text(json.dumps(res, indent=1) + "\n")

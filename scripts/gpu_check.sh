@@ -11,6 +11,9 @@
 #    greedy, on CUDA (the profile's dtype, fp32) -> OUT_DIR/full_cuda.json; compare `success` and `steps`
 #    with the same command on the CPU (`CUDA_VISIBLE_DEVICES= bash scripts/gpu_check.sh ...` runs both on
 #    the CPU).
+# 3. The same as 2 with the backend's prefix reuse and tail speculation off and the simulator in threads
+#    (the decoding path before 2026-11-26) -> OUT_DIR/full_cuda_plain.json: the same `steps` and `success`
+#    as 2 says the new path decodes as the old one did on CUDA too.
 #
 # A machine without the project's virtual environment (a bare GPU image with torch) installs the wheels
 # under .whl/ first when there are any (pydantic, and transformers / tokenizers at the versions of
@@ -28,5 +31,8 @@ status=0
 timeout 240 $PY scripts/bench_eval.py --ckpt "$CKPT" --every 10 --requests 256 --dtypes "$devices" \
   --out "$OUT/dtypes.json" 2>&1 | grep -v "Loading weights" || status=1
 timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --out "$OUT/full_cuda.json" 2>&1 \
+  | grep -v "Loading weights\|eval:" || status=1
+timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --env-threads \
+  --backend speculate_tokens=0 --backend prefix_cache_tokens=0 --out "$OUT/full_cuda_plain.json" 2>&1 \
   | grep -v "Loading weights\|eval:" || status=1
 exit $status

@@ -79,7 +79,8 @@ class CrashOnSecondStep(CounterEnv):
         return super().step(action)
 
 
-def test_crashed_env_yields_error_trajectory_and_the_runner_goes_on(tmp_path):
+@pytest.mark.parametrize("inline_env", [False, True])
+def test_crashed_env_yields_error_trajectory_and_the_runner_goes_on(tmp_path, inline_env):
     built: list[CrashOnSecondStep] = []
 
     def factory():
@@ -102,6 +103,7 @@ def test_crashed_env_yields_error_trajectory_and_the_runner_goes_on(tmp_path):
         env_factory=factory,
         progress=False,
         out_path=tmp_path / "x.jsonl",
+        inline_env=inline_env,
     )
     by_id = {t.task_id: t for t in trajs}
     for tid in ("fake/test/crash/2", "fake/test/crash2/2"):
@@ -114,6 +116,25 @@ def test_crashed_env_yields_error_trajectory_and_the_runner_goes_on(tmp_path):
     assert len(built) == 2 + 2  # the pool replaced both crashed workers
     assert len(read_jsonl(tmp_path / "x.jsonl")) == len(tasks)
     assert summarize(trajs)["failures/env_error"] == 2
+
+
+def test_simulator_runs_on_the_event_loop_with_the_same_episodes(monkeypatch):
+    """The built-in simulator's calls run inline (no thread per call) and give the episodes threads give."""
+    import mobilerl.env.pool as pool_mod
+
+    made: list[str] = []
+    for cls in (pool_mod.InlineEnv, pool_mod.ThreadEnv):
+        orig = cls.__init__
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, _o=orig, _n=cls.__name__, **k: (made.append(_n), _o(self, *a, **k))[1])
+    tasks = sample_world_test(per_template=1, seed=3)[:40]
+    inline = evaluate_sync(lambda seed: RandomPolicy(seed), tasks, concurrency=8, progress=False)
+    assert set(made) == {"InlineEnv"}
+    made.clear()
+    threaded = evaluate_sync(lambda seed: RandomPolicy(seed), tasks, concurrency=8, progress=False, inline_env=False)
+    assert set(made) == {"ThreadEnv"}
+    assert [[s.response for s in t.steps] for t in inline] == [[s.response for s in t.steps] for t in threaded]
+    assert [t.final_xml_compressed for t in inline] == [t.final_xml_compressed for t in threaded]
+    assert [t.reward for t in inline] == [t.reward for t in threaded]
 
 
 def test_trials_get_distinct_seeds_on_the_same_task():

@@ -88,6 +88,8 @@ async def rollout(
         else None
     )
     t_start = time.perf_counter()
+    # An env run on the event loop (InlineEnv, also behind a pool lease) gets its XML compressed there too.
+    inline = getattr(getattr(env, "worker", env), "inline", False) is True
     history: list[str] = []
     last_info: dict = {}
     try:
@@ -103,7 +105,7 @@ async def rollout(
 
     for t in range(task.max_steps):
         try:
-            xml_c = await asyncio.to_thread(_compress, obs)
+            xml_c = _compress(obs) if inline else await asyncio.to_thread(_compress, obs)
         except ValueError as e:
             traj.error = f"env: malformed observation at step {t}: {e}"
             break
@@ -167,7 +169,7 @@ async def rollout(
 
     if traj.error is None:
         try:
-            traj.final_xml_compressed = await asyncio.to_thread(_compress, obs)
+            traj.final_xml_compressed = _compress(obs) if inline else await asyncio.to_thread(_compress, obs)
         except ValueError:
             traj.final_xml_compressed = None
         try:

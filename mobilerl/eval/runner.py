@@ -10,10 +10,12 @@ gets the policy seed ``episode_seed(base_seed, id, t)`` (a stable hash), passed 
 ``policy_factory(seed)``, which is called once per episode. A policy factory may return a shared
 instance (policies key their per-episode state by ``ctx.episode_id``).
 
-Workers: by default each is a :class:`~mobilerl.env.pool.ThreadEnv` over ``SimEnv(render=False,
-perturb=perturb)`` (threads on one bounded executor); ``use_processes=True`` runs each env in its own
-child process (:class:`~mobilerl.env.pool.ProcessEnv`; ``env_factory`` must then be picklable, e.g. a
-class or ``functools.partial``). ``perturb`` only configures the default factory.
+Workers: by default each is a ``SimEnv(render=False, perturb=perturb)`` run on the event loop
+(:class:`~mobilerl.env.pool.InlineEnv`: the simulator's calls are short Python, and a thread hop per call
+cost half as much again); an ``env_factory`` of your own runs in a :class:`~mobilerl.env.pool.ThreadEnv`
+(threads on one bounded executor, calls time out) unless ``inline_env=True``; ``use_processes=True`` runs
+each env in its own child process (:class:`~mobilerl.env.pool.ProcessEnv`; ``env_factory`` must then be
+picklable, e.g. a class or ``functools.partial``). ``perturb`` only configures the default factory.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from mobilerl.agent.policy import Policy
 from mobilerl.agent.rollout import rollout
 from mobilerl.data.schema import JsonlWriter, Trajectory
 from mobilerl.env.base import Env, TaskSpec
-from mobilerl.env.pool import EnvPool, ProcessEnv, ThreadEnv
+from mobilerl.env.pool import EnvPool, InlineEnv, ProcessEnv, ThreadEnv
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ async def evaluate(
     call_timeout: float | None = 120.0,
     keep_screenshots_dir: str | Path | None = None,
     append: bool = False,
+    inline_env: bool | None = None,
 ) -> list[Trajectory]:
     """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
 
@@ -86,6 +89,9 @@ async def evaluate(
         call_timeout: seconds allowed per env call (a timed-out worker is replaced; the episode records
             the error).
         keep_screenshots_dir: passed to :func:`~mobilerl.agent.rollout.rollout` (needs a rendering env).
+        inline_env: run each env's calls on the event loop (:class:`~mobilerl.env.pool.InlineEnv`: no
+            timeouts) instead of in threads; default: inline for the built-in simulator (no ``env_factory``),
+            threads otherwise. Ignored with ``use_processes``.
 
     An episode whose env crashes, times out or cannot be leased (``error="env: ..."``), or whose policy
     cannot be built (``"policy: ..."``), ends with ``Trajectory.error`` set; the others go on. The pool
@@ -101,10 +107,16 @@ async def evaluate(
     make_env = env_factory if env_factory is not None else _default_env_factory(perturb)
     size = min(concurrency, len(episodes))
     executor: ThreadPoolExecutor | None = None
+    if inline_env is None:
+        inline_env = env_factory is None
     if use_processes:
 
         def worker_factory() -> Any:
             return ProcessEnv.create(make_env)
+    elif inline_env:
+
+        def worker_factory() -> Any:
+            return InlineEnv(make_env())
     else:
         executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="mobilerl-eval-env")
 
