@@ -286,9 +286,10 @@ def test_a_marks_frame_policy_is_judged_on_the_box_of_the_line_it_names():
                            perturb="none", progress=False)
     ep = from_trajectory(traj)
     taps = [i for i, g in enumerate(ep.actions) if g.action.name == "Tap"]
-    wrong = taps[0]
+    wrong, bad = taps[0], taps[1]
 
-    class Marks:  # answers the expert's line, except at one tap, where it names the line before
+    class Marks:  # answers the expert's line, except at one tap, where it names the line before, and one
+        # where it names no line at all
         def __init__(self):
             self.prompts = []
 
@@ -298,13 +299,17 @@ def test_a_marks_frame_policy_is_judged_on_the_box_of_the_line_it_names():
             _, a = in_frame(ep.observations[i], ep.actions[i].action, None, "marks")
             if i == wrong:
                 a = Action("Tap", index=a.index - 1)
+            if i == bad:
+                a = Action("Tap", index=999)
             return [Generation(render_response(a), [1], [-0.1], "stop")]
 
     marks = Marks()
     policy = ModelPolicy(marks, obs_mode="xml", sampling=SamplingConfig(temperature=0), coords="marks",
                          prompt_style="compact")
     res = asyncio.run(run_androidcontrol(policy, [ep], mode="high", concurrency=1, frame="marks"))
-    assert [s.judgement.success for s in res.steps] == [i != wrong for i in range(len(ep.actions))]
+    assert [s.judgement.success for s in res.steps] == [i not in (wrong, bad) for i in range(len(ep.actions))]
+    j = res.steps[bad].judgement  # an index naming no line is an invalid step, not a Tap that missed
+    assert j.invalid and not j.type_match and res.steps[wrong].judgement.type_match
     assert "[x1,y1]" not in marks.prompts[0] and ";[0]" in marks.prompts[0]
     _, framed = in_frame(ep.observations[wrong], ep.actions[wrong].action, None, "marks")
     assert render_response(framed) in marks.prompts[wrong + 1]  # the replaced step names the expert's line

@@ -11,7 +11,6 @@ from tiny_checkpoint import session_checkpoint
 from mobilerl.agent import PolicyContext, prompt, rollout
 from mobilerl.agent.model_policy import ModelPolicy
 from mobilerl.agent.policy import Policy
-from mobilerl.env.actions import ActionParseError
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.fake import CounterEnv
 from mobilerl.env.pool import ThreadEnv
@@ -130,8 +129,7 @@ def test_grid_frame_policy_sees_grid_bounds_and_acts_in_pixels():
     x1, y1, _, _ = prompt.parse_action(out.action_text).element
     assert (x1, y1) == (round(500 * obs.width / 1000), round(500 * obs.height / 1000))
     bad = asyncio.run(ModelPolicy(_Fixed("no action here"), coords="rel").act(ctx))
-    with pytest.raises(ActionParseError):
-        prompt.parse_action(bad.action_text)
+    assert bad.action_text is None and bad.invalid.startswith("no do(...) or finish(...) call in 'no action here'")
     with pytest.raises(ValueError, match="coords"):
         ModelPolicy(_Fixed(""), coords="pixels")
 
@@ -147,7 +145,11 @@ def test_marks_frame_policy_sees_numbered_lines_and_acts_on_the_line_box():
     out = asyncio.run(policy.act(ctx))
     assert prompt.parse_action(out.action_text).element == (390, 1100, 690, 1300)
     far = asyncio.run(ModelPolicy(_Fixed('<answer>do(action="Tap", index=9)</answer>'), coords="marks").act(ctx))
-    assert far.action_text.startswith("invalid (index=9 names no element")
+    assert far.action_text is None and far.invalid.startswith("index=9 names no element")
+    # the rollout records the policy's reason as it is (not a parse error about an "invalid (...)" text)
+    traj = asyncio.run(rollout(ThreadEnv(CounterEnv()), ModelPolicy(
+        _Fixed('<answer>do(action="Tap", index=9)</answer>'), coords="marks", obs_mode="xml"), short_task(1)))
+    assert traj.steps[0].invalid.startswith("index=9 names no element") and traj.n_invalid == traj.n_steps
 
 
 class _Counting(_Fixed):

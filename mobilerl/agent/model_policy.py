@@ -103,14 +103,14 @@ class ModelPolicy:
                 self.reused += 1
                 return self._answered[key]
         [gen] = await self.backend.generate([req], s)
-        action_text = None
+        action_text = invalid = None
         if self.coords != "abs":
             size = (ctx.observation.width, ctx.observation.height)
             try:
                 action_text = prompt.action_to_env(gen.text, size, self.coords, ctx.xml_compressed)
             except ActionParseError as e:
-                action_text = f"invalid ({e})"  # unparsable: the rollout records an invalid step
-        out = PolicyOutput(gen.text, list(gen.logprobs), action_text)
+                invalid = str(e) or "unparseable response"  # the rollout records an invalid step
+        out = PolicyOutput(gen.text, list(gen.logprobs), action_text, invalid)
         if key is not None:
             self._answered[key] = out
             if len(self._answered) > _MAX_ANSWERED:

@@ -62,6 +62,9 @@ class PolicyOutput:
     # the action the env executes when it is not the text's own (a response on the 0-999 grid, converted
     # to pixels by the policy); None: parse ``text``
     action_text: str | None = None
+    # why the response names no executable action, when the policy already found out (e.g. its conversion to
+    # pixels failed): the rollout records an invalid step with this message
+    invalid: str | None = None
 
 
 @runtime_checkable

@@ -135,6 +135,9 @@ async def rollout(
             logprobs=list(out.logprobs) if out.logprobs is not None else None,
         )
         traj.steps.append(rec)
+        if out.invalid is not None:
+            rec.invalid = out.invalid
+            continue
         try:
             action = parse_action(out.text if out.action_text is None else out.action_text)
             if action.index is not None:  # a Set-of-Mark index the policy did not resolve to a box

@@ -325,7 +325,10 @@ async def _run_episode(policy: Policy, ep: ACEpisode, mode: str, frame: str = "a
         resp = await policy.act(ctx)
         if not isinstance(resp, PolicyOutput):
             raise TypeError(f"{type(policy).__name__}.act returned {type(resp).__name__}, not PolicyOutput")
-        j = judge_response(gt, resp.text if resp.action_text is None else resp.action_text, xml_c)
+        if resp.invalid is not None:  # the policy found no executable action in its response (e.g. a bad index)
+            j = judge_step(gt, None, xml_c)
+        else:
+            j = judge_response(gt, resp.text if resp.action_text is None else resp.action_text, xml_c)
         out.append(ACStepResult(ep.episode_id, i, resp.text, format_action(gt.action), j))
         history.append(resp.text if j.success else _gt_response(gt.action, ep, frame, xml_c))
     return out
