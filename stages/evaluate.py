@@ -186,8 +186,8 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
 
     n = processes or cfg.model_processes
     threads = max(1, (os.cpu_count() or 1) // n)
-    return evaluate_in_processes(functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root), backend_overrides),
-                                 tasks,
+    factory = functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root), backend_overrides)
+    return evaluate_in_processes(factory, tasks,
                                  processes=n, threads=threads, n_trials=cfg.n_trials,
                                  concurrency=concurrency or max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
                                  base_seed=cfg.seed, **kwargs)

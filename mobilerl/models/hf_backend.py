@@ -223,10 +223,10 @@ def _growing_layer() -> type:
             self.keys, self.values = keys[:, :, :length], values[:, :, :length]
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            import torch
-
             end = self.length + key_states.shape[-2]
             if end > self.kbuf.shape[2]:  # speculation's rejected positions used up the room: grow
+                import torch
+
                 more = max(end, 2 * self.kbuf.shape[2]) - self.kbuf.shape[2]
                 self.kbuf = torch.cat((self.kbuf, self.kbuf.new_zeros(*self.kbuf.shape[:2], more, self.kbuf.shape[3])), 2)
                 self.vbuf = torch.cat((self.vbuf, self.vbuf.new_zeros(*self.vbuf.shape[:2], more, self.vbuf.shape[3])), 2)
@@ -402,32 +402,32 @@ class HFBackend:
             )
         return {k: v.to(self.model.device) for k, v in enc.items()}
 
-    def _prefill(self, request: ChatRequest) -> tuple[Any, list[tuple[Any, Any]], int, int, Any]:
+    def _prefill(self, request: ChatRequest) -> tuple[Any, list[tuple[Any, Any]], int, int, list[int]]:
         """One prompt through the model alone (no padding, so no mask: the causal kernel, and no FLOPs on pad
         tokens, which were half of a left-padded batch). Returns the last position's raw logits (V,), the
         per-layer ``(keys, values)`` of its cache, the prompt length, the M-RoPE offset of its next
-        position (0 without images) and the prompt's token ids (n,)."""
+        position (0 without images) and the prompt's token ids."""
         import torch
 
         enc = self._encode([self.render(request)], list(request.images or []))
         n = enc["input_ids"].shape[1]
+        ids = enc["input_ids"][0].tolist()
         if any(k.startswith("pixel") for k in enc):  # the model derives M-RoPE positions from the image grid
             out = self.model(**enc, use_cache=True, **self._last_logits)
             deltas = getattr(out, "rope_deltas", None)
             delta = int(deltas.view(-1)[0]) if deltas is not None else 0
         elif self._text_prefill is not None:
             cache = self.prefix_cache
-            ids = enc["input_ids"][0].tolist() if cache is not None else []
             past = cache.lookup(ids) if cache is not None else None
             logits, kv = self._text_prefill(enc["input_ids"], past)
             if cache is not None:
                 cache.insert(ids, kv)
-            return logits, kv, n, 0, enc["input_ids"][0]
+            return logits, kv, n, 0, ids
         else:  # explicit positions: no dependence on the rope offsets the model keeps from its last call
             pos = torch.arange(n, device=self.model.device).unsqueeze(0)
             out = self.model(**enc, position_ids=pos, use_cache=True, **self._last_logits)
             delta = 0
-        return out.logits[0, -1], _layer_kv(out.past_key_values), n, delta, enc["input_ids"][0]
+        return out.logits[0, -1], _layer_kv(out.past_key_values), n, delta, ids
 
     def _generate_batch(self, items: list[tuple[ChatRequest, SamplingConfig, int]]) -> list[Generation]:
         """Prefill each prompt alone, then decode all rows together over one preallocated KV cache.
@@ -460,7 +460,7 @@ class HFBackend:
             sampler = _Sampler([s for _, s, _ in items], [seed for _, _, seed in items], n_new, self.suppress_ids,
                                device)
             lp_temps = torch.tensor([s.logprob_temperature for _, s, _ in items], device=device)
-            greedy = [s.temperature == 0 for _, s, _ in items]
+            greedy = sampler.greedy.tolist()
             rows = torch.arange(len(items), device=device)  # batch row -> item
             tokens: list[list[int]] = [[] for _ in items]
             logprobs: list[list[float]] = [[] for _ in items]
@@ -506,7 +506,7 @@ class HFBackend:
                             drafts.append([])
                             continue
                         if b not in lookups:
-                            lookups[b] = PromptLookup(prompt_ids[b].tolist())
+                            lookups[b] = PromptLookup(prompt_ids[b])
                         drafts.append(lookups[b].draft(tokens[b], room))
                 q = 1 + max(map(len, drafts), default=0)
                 inp = tok.unsqueeze(-1)
