@@ -39,6 +39,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import resource
 import statistics
 import sys
 import time
@@ -170,6 +171,11 @@ def model_concurrency() -> int:
     return load_params("evaluate", EvaluateConfig).model_concurrency
 
 
+def peak_rss_mb(who: int) -> float:
+    """Peak resident memory (MB) of this process (``RUSAGE_SELF``) or of its largest finished child."""
+    return round(resource.getrusage(who).ru_maxrss / 1024, 1)  # Linux: KiB
+
+
 def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int = 1,
                     processes: int | None = None, concurrency: int | None = None,
                     env_threads: bool = False) -> dict[str, Any]:
@@ -199,7 +205,8 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
                 "episodes": len(trajs), "steps": steps, "success_rate": round(success / len(trajs), 4),
                 "errors": sum(t.error is not None for t in trajs),
                 "concurrency_per_process": per_process, "temperature": cfg.temperature,
-                "wall_s": round(wall, 1), "steps_per_s": round(steps / wall, 2)}
+                "wall_s": round(wall, 1), "steps_per_s": round(steps / wall, 2),
+                "worker_peak_rss_mb": peak_rss_mb(resource.RUSAGE_CHILDREN)}
     policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend_overrides=backend)
     conc = concurrency or cfg.model_concurrency
     t0, c0 = time.perf_counter(), time.process_time()
@@ -215,7 +222,8 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
             "model_calls": stats.items, "success_rate": round(success / len(trajs), 4),
             "errors": sum(t.error is not None for t in trajs), "concurrency": conc, "processes": 1,
             "temperature": cfg.temperature, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "steps_per_s": round(steps / wall, 2), "generate_calls": stats.batches,
+            "steps_per_s": round(steps / wall, 2), "peak_rss_mb": peak_rss_mb(resource.RUSAGE_SELF),
+            "generate_calls": stats.batches,
             "mean_batch": round(stats.items / max(stats.batches, 1), 1), "generate_busy_s": round(stats.busy_s, 1),
             "new_tokens_mean": round(statistics.mean(new_tokens), 1) if new_tokens else 0,
             "new_tokens_p99": new_tokens[int(0.99 * (len(new_tokens) - 1))] if new_tokens else 0,

@@ -373,6 +373,66 @@ def test_text_requests_are_tokenized_as_the_processor_would(hf):
     assert enc["input_ids"][0].tolist() == hf.processor(text=[text], return_tensors="pt")["input_ids"][0].tolist()
 
 
+def test_line_token_cache_gives_the_tokenizers_ids(hf):
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from mobilerl.models.text_prefill import LineTokenCache
+
+    assert hf.line_tokens is not None  # the project's tokenizer qualifies
+    texts = [hf.render(text_request(s)) for s in ("", "Tap OK", "\n  indented\n\nafter a blank line", "x \ny\n")]
+    texts += ["line one\n line two\n\tthree\nfour;;5,6;[7]\n\n\n", '<|im_start|>user\nhi "x"\n<|im_end|>\n', ""]
+    for t in texts + texts:  # the second time from the cache
+        ids = hf._encode([t], [])["input_ids"][0].tolist() if t else []
+        assert hf.line_tokens(t) == ids == hf.tokenizer(t, add_special_tokens=False)["input_ids"]
+    assert hf.line_tokens.hits > 0
+    batch = hf._encode(texts[:3], [])  # left-padded as the tokenizer pads
+    ref = hf.tokenizer(texts[:3], padding=True, padding_side="left", return_tensors="pt")
+    assert batch["input_ids"].tolist() == ref["input_ids"].tolist()
+    assert batch["attention_mask"].tolist() == ref["attention_mask"].tolist()
+    # Tokenizers whose pieces would not concatenate to the whole are not taken.
+    def fast(pre, norm=None):
+        tk = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+        tk.pre_tokenizer = pre
+        if norm is not None:
+            tk.normalizer = norm
+        return PreTrainedTokenizerFast(tokenizer_object=tk)
+
+    assert LineTokenCache.for_tokenizer(fast(pre_tokenizers.Metaspace())) is None  # a space before every piece
+    assert LineTokenCache.for_tokenizer(fast(pre_tokenizers.Whitespace(), normalizers.NFC())) is None
+    assert LineTokenCache.for_tokenizer(fast(pre_tokenizers.ByteLevel(add_prefix_space=False))) is None  # looks ahead
+    split = pre_tokenizers.Split(Regex(r"[A-Za-z]+|\d|\s+|[^\sA-Za-z\d]+"), "isolated")
+    assert LineTokenCache.for_tokenizer(fast(pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))) is not None
+    assert LineTokenCache.for_tokenizer(fast(pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)]))) is None
+    off = HFBackend(hf.model, hf.processor, line_token_cache=0)
+    assert off.line_tokens is None
+
+
+def test_answers_longer_than_the_decoding_room_grow_the_cache(hf, monkeypatch):
+    """The batch cache starts with room for DECODE_ROOM new tokens and grows; the answers are those of a
+    cache with room for every token from the start."""
+    import mobilerl.models.hf_backend as hb
+
+    reqs = [text_request(s) for s in ("", "Back", "Tap OK please")]
+    scs = [SamplingConfig(temperature=0, max_new_tokens=40), SamplingConfig(temperature=1.0, max_new_tokens=40, seed=2),
+           SamplingConfig(temperature=0, max_new_tokens=25)]
+    be = HFBackend(hf.model, hf.processor, max_batch=8, batch_wait_ms=50, speculate_tokens=0)
+
+    async def batch():
+        return [g for [g] in await asyncio.gather(*(be.generate([r], sc) for r, sc in zip(reqs, scs, strict=True)))]
+
+    results = {}
+    for room in (3, 1000):
+        monkeypatch.setattr(hb, "DECODE_ROOM", room)
+        results[room] = run(batch())
+    assert max(len(g.token_ids) for g in results[3]) > 3 * 3  # grew more than once
+    for x, y in zip(results[3], results[1000], strict=True):
+        assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+
+
 # ---------------------------------------------------------------------- OpenAI client, recorded
 
 

@@ -31,6 +31,7 @@ KEYS: dict[str, tuple[frozenset[str], dict[str, str]]] = {
             "prefix_cache_tokens": "keys/values of recent prompts kept for prefix reuse (0: off)",
             "speculate_tokens": "tokens guessed by prompt lookup per greedy row in a batch's tail (0: off)",
             "speculate_rows": "speculate once at most this many rows are left in a batch",
+            "line_token_cache": "prompt lines whose token ids are kept (0: tokenize every prompt whole)",
             "name": "backend name recorded in trajectories",
         },
     ),
