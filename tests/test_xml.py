@@ -60,3 +60,14 @@ def test_malformed_dump_is_a_clear_error():
         compress_xml("<hierarchy><node bounds=")
     with pytest.raises(ValueError, match="empty"):
         compress_xml("   ")
+
+
+def test_a_repeated_dump_is_compressed_once_and_a_bad_one_raises_every_time():
+    compress_xml.cache_clear()
+    first = compress_xml(DUMP, width=1080, height=2400)
+    again = compress_xml("".join(DUMP), width=1080, height=2400)  # an equal string, not the same object
+    assert again == first and compress_xml.cache_info().hits == 1
+    assert compress_xml(DUMP, numbered=True, width=1080, height=2400) != first  # other arguments, other entry
+    for _ in range(2):  # errors are not memoised
+        with pytest.raises(ValueError, match="malformed UI dump"):
+            compress_xml("<hierarchy><node bounds=")

@@ -27,6 +27,7 @@ so an index can be mapped back to its bounds.
 
 from __future__ import annotations
 
+import functools
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ def compress_nodes(
     return out
 
 
+@functools.lru_cache(maxsize=512)
 def compress_xml(
     xml: str,
     keep_offscreen: bool = False,
@@ -129,7 +131,11 @@ def compress_xml(
     width: int | None = None,
     height: int | None = None,
 ) -> str:
-    """One line per functional on-screen node: ``Class;flags;label;[x1,y1][x2,y2]``."""
+    """One line per functional on-screen node: ``Class;flags;label;[x1,y1][x2,y2]``.
+
+    A pure function of its arguments, memoised for the last 512 distinct calls: an agent that does not change
+    the screen, and every episode's first screen, ask for the same dump again (in an evaluation of the tiny
+    policy ~40 % of the steps repeat a screen seen shortly before)."""
     nodes = compress_nodes(xml, keep_offscreen=keep_offscreen, width=width, height=height)
     if numbered:
         return "\n".join(f"[{i}] {n.line()}" for i, n in enumerate(nodes))
