@@ -8,6 +8,10 @@ JSONL of trajectories per (policy, suite) under ``data/eval/trajectories/``; met
 ``data/eval/summary.json`` — the summary of each (policy, suite) with the id of the nested MLflow run it was
 logged to.
 
+pass@k for k > 1 needs k sampled trials of every task. The main evaluation is greedy with one trial (pass@1), so
+``pass_k`` names checkpoints that are also sampled ``n_trials`` times at ``temperature`` on ``max_tasks`` tasks of
+each of its suites (trajectories ``<name>__<suite>__sampled.jsonl``; metrics ``data/eval/sampled.json``).
+
 Offline step accuracy (AndroidControl-style, high mode, Table 8 rules): each checkpoint also answers every
 step of expert rollouts of ``offline_per_template`` test tasks per template of ``offline_suite``, with the
 expert's history (wrong answers replaced by the expert's); ``data/eval/offline.json``. When every checkpoint
@@ -45,6 +49,17 @@ class CheckpointSpec(StageConfig):
                                                           "(default: model_max_tasks).")
 
 
+class PassKConfig(StageConfig):
+    """``evaluate.pass_k``: a sampling study beside the greedy evaluation. pass@k for k > 1 needs k sampled
+    trials of every task; the main evaluation runs ``n_trials`` (1, greedy), so its pass@k is pass@1 only."""
+
+    policies: list[str] = Field([], description="Checkpoint policies to sample (names under evaluate.checkpoints).")
+    suites: list[Literal["world", "lab"]] = Field(["world"], description="Benchmarks of the study.")
+    n_trials: int = Field(8, ge=2, description="Sampled trials per task (pass@k for k up to n_trials).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the trials.")
+    max_tasks: int = Field(40, ge=1, description="Tasks per suite, spread evenly over the suite's templates.")
+
+
 class EvaluateConfig(StageConfig):
     suites: list[Literal["world", "lab"]] = Field(["world", "lab"], description="Benchmarks to run.")
     split: Literal["test", "train"] = Field("test", description="Which split of each suite.")
@@ -75,6 +90,9 @@ class EvaluateConfig(StageConfig):
         ["high", "low"], min_length=1,
         description="AndroidControl modes of the offline evaluation: high (goal + history) and/or low (the step's "
                     "own instruction, derived from the expert's action where the record has none; no history).")
+
+    pass_k: PassKConfig = Field(default_factory=PassKConfig,
+                                description="Sampling study: n trials per task at a temperature, for pass@k.")
 
     @field_validator("checkpoints", mode="before")
     @classmethod
@@ -113,10 +131,19 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
             known = ", ".join([*BASELINES, *cfg.checkpoints])
             raise ValueError(f"evaluate.policies[{i}]: unknown policy {name!r} (known: {known}; a checkpoint "
                              f"needs an entry under evaluate.checkpoints)")
-        path = checkpoint_path(cfg.checkpoints[name], root)
-        if not (path / "config.json").is_file():
-            raise ValueError(f"evaluate.checkpoints.{name}: {path} is not a model directory (no config.json); "
-                             f"run the stage that trains it (dvc repro)")
+        _check_model_dir(name, cfg, root)
+    for i, name in enumerate(cfg.pass_k.policies):
+        if name not in cfg.checkpoints:
+            raise ValueError(f"evaluate.pass_k.policies[{i}]: {name!r} is not a checkpoint (known: "
+                             f"{', '.join(cfg.checkpoints) or 'none'}); the baselines need no sampling study")
+        _check_model_dir(name, cfg, root)
+
+
+def _check_model_dir(name: str, cfg: EvaluateConfig, root: Path) -> None:
+    path = checkpoint_path(cfg.checkpoints[name], root)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"evaluate.checkpoints.{name}: {path} is not a model directory (no config.json); "
+                         f"run the stage that trains it (dvc repro)")
 
 
 def checkpoint_path(spec: CheckpointSpec, root: Path = ROOT) -> Path:
@@ -244,9 +271,47 @@ def evaluate_offline(name: str, policy: Any, episodes: list, cfg: EvaluateConfig
     return m
 
 
-def main() -> None:
+def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks: list[TaskSpec], cfg: EvaluateConfig,
+               run_name: str, out_path: Path) -> dict[str, Any]:
+    """``name``'s episodes on ``tasks`` (``cfg.n_trials`` each, at ``cfg.temperature``), kept in ``out_path`` and
+    summarised into a nested MLflow run ``run_name``; the summary carries that run's id."""
     from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
 
+    suite = tasks[0].suite if tasks else ""
+    with tracking.child_run(run_name, "evaluate", policy=name, suite=suite) as run:
+        t0 = time.perf_counter()
+        if name in cfg.checkpoints and cfg.model_processes > 1:
+            trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
+        else:
+            trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
+                                  perturb=cfg.perturb, base_seed=cfg.seed, progress=False, out_path=out_path)
+        wall = time.perf_counter() - t0
+        s = summarize(trajs, template_texts=sim_template_texts(tasks))
+        s |= {"wall_s": wall, "n_tasks": len(tasks), "n_trials": cfg.n_trials, "temperature": cfg.temperature}
+        tracking.log_metrics(s)
+        s["mlflow_run_id"] = run.info.run_id
+    print(f"evaluate: {run_name} on {suite}/{cfg.split}: success {s['eval/success_rate']:.3f} over {len(trajs)} "
+          f"episodes in {wall:.1f}s")
+    return s
+
+
+def pass_k_study(cfg: EvaluateConfig, tasks_by_suite: dict[str, list[TaskSpec]]) -> dict[str, dict]:
+    """``evaluate.pass_k``: each listed checkpoint sampled ``n_trials`` times at ``temperature`` on ``max_tasks``
+    tasks of each suite (spread over the templates); ``{policy: {suite: summary}}`` (pass@k for k ≤ n_trials)."""
+    study = cfg.model_copy(update={"n_trials": cfg.pass_k.n_trials, "temperature": cfg.pass_k.temperature})
+    out: dict[str, dict] = {}
+    for name in cfg.pass_k.policies:
+        factory = None if cfg.model_processes > 1 else checkpoint_policy(name, cfg.checkpoints[name], study).with_seed
+        for suite in cfg.pass_k.suites:
+            tasks = spread(tasks_by_suite.get(suite) or load_tasks(suite, cfg.split, cfg.max_per_template),
+                           cfg.pass_k.max_tasks)
+            out.setdefault(name, {})[suite] = run_policy(
+                name, factory, study.model_concurrency, tasks, study, f"{name}/{suite}/sampled",
+                OUT / "trajectories" / f"{name}__{suite}__sampled.jsonl")
+    return out
+
+
+def main() -> None:
     cfg = load_params("evaluate", EvaluateConfig)
     check_policies(cfg)
     summary: dict = {}
@@ -259,32 +324,15 @@ def main() -> None:
         for name in cfg.policies:
             factory, concurrency = make_policy_factory(name, cfg)
             for suite, tasks in tasks_by_suite.items():
-                tasks = policy_tasks(name, tasks, cfg)
-                texts = sim_template_texts(tasks)
-                with tracking.child_run(f"{name}/{suite}", "evaluate", policy=name, suite=suite) as run:
-                    t0 = time.perf_counter()
-                    out_path = OUT / "trajectories" / f"{name}__{suite}.jsonl"
-                    if name in cfg.checkpoints and cfg.model_processes > 1:
-                        trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
-                    else:
-                        trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
-                                              perturb=cfg.perturb, base_seed=cfg.seed, progress=False,
-                                              out_path=out_path)
-                    wall = time.perf_counter() - t0
-                    s = summarize(trajs, template_texts=texts)
-                    s["wall_s"] = wall
-                    s["n_tasks"] = len(tasks)
-                    s["n_trials"] = cfg.n_trials
-                    tracking.log_metrics(s)
-                    s["mlflow_run_id"] = run.info.run_id
-                summary.setdefault(name, {})[suite] = s
-                sr = s["eval/success_rate"]
-                print(f"evaluate: {name} on {suite}/{cfg.split}: success {sr:.3f} over {len(trajs)} episodes "
-                      f"in {wall:.1f}s")
+                summary.setdefault(name, {})[suite] = run_policy(
+                    name, factory, concurrency, policy_tasks(name, tasks, cfg), cfg, f"{name}/{suite}",
+                    OUT / "trajectories" / f"{name}__{suite}.jsonl")
             if name in cfg.checkpoints and episodes:  # the same loaded model, scored step by step
                 offline[name] = evaluate_offline(name, factory(cfg.seed), episodes, cfg)
+        sampled = pass_k_study(cfg, tasks_by_suite)
     write_json(OUT / "summary.json", summary)
     write_json(OUT / "offline.json", offline)
+    write_json(OUT / "sampled.json", sampled)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Stage `report`: the Markdown report, its plots and the DVC metrics file, from the evaluation summary.
 
-Reads ``data/eval/summary.json`` (one summary per policy × suite, each with its MLflow run id) and writes
+Reads ``data/eval/summary.json`` (one summary per policy × suite, each with its MLflow run id; beside it
+``offline.json``, the checkpoints' offline step accuracy, and ``sampled.json``, the pass@k sampling study) and writes
 ``reports/report.md``, ``reports/figures/*.png`` and ``reports/metrics.json``. Every table row names the
 MLflow run its numbers came from. The pure part (:func:`render_markdown`, :func:`metrics_json`) takes the
 summary dict, so it is testable without running an evaluation.
@@ -19,6 +20,7 @@ from stages.common import ROOT, StageConfig, load_params, read_json, write_json
 
 SUMMARY = ROOT / "data" / "eval" / "summary.json"
 OFFLINE = ROOT / "data" / "eval" / "offline.json"  # checkpoint policies only; absent in older runs
+SAMPLED = ROOT / "data" / "eval" / "sampled.json"  # the pass@k sampling study (evaluate.pass_k); absent in older runs
 REPORTS = ROOT / "reports"
 BASELINES = ("oracle", "random")
 
@@ -82,7 +84,32 @@ def offline_table(offline: dict) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offline: dict | None = None) -> str:
+def sampled_tables(sampled: dict, cfg: ReportConfig) -> list[str]:
+    """pass@k of the sampling study (``data/eval/sampled.json``: ``{policy: {suite: summary}}``), overall and by
+    complexity level; empty: no section."""
+    lines: list[str] = []
+    for s in _suites(sampled):
+        rows = [(p, sampled[p][s]) for p in _order(list(sampled)) if s in sampled[p]]
+        ks = [k for k in cfg.k_values if any(x.get(f"eval/pass@{k}") is not None for _, x in rows)]
+        n, temp = rows[0][1].get("n_trials"), rows[0][1].get("temperature")
+        lines += [f"## pass@k with sampling — {s}", "",
+                  f"Each task sampled {n} times at temperature {temp} (`evaluate.pass_k`), on {rows[0][1].get('n_tasks')} "
+                  f"test tasks spread over the templates; unbiased estimator 1 − C(n−c, k) / C(n, k), averaged over "
+                  f"tasks. Levels by optimal steps as above.", "",
+                  "| policy | level | tasks | " + " | ".join(f"pass@{k}" for k in ks) + " | run |",
+                  "|" + "---|" * (len(ks) + 4)]
+        for p, x in rows:
+            groups = [("all", {"n_tasks": x.get("eval/n_tasks"), **{f"pass@{k}": x.get(f"eval/pass@{k}") for k in ks}}),
+                      *sorted(x["eval/by_complexity"].items())]
+            for level, g in groups:
+                lines.append(f"| {p} | {level} | {g.get('n_tasks')} | "
+                             + " | ".join(_pct(g.get(f"pass@{k}")) for k in ks) + f" | {_run(x)} |")
+        lines.append("")
+    return lines
+
+
+def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offline: dict | None = None,
+                    sampled: dict | None = None) -> str:
     policies = _order(list(summary))
     suites = _suites(summary)
     lines = [f"# {cfg.title}", ""]
@@ -108,7 +135,9 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offlin
     # pass@k by complexity level, per suite
     for s in suites:
         lines += [f"## pass@k by complexity level — {s}", "",
-                  "Levels by optimal steps: 1 (≤10), 2 (11–20), 3 (21–30), 4 (>30).", ""]
+                  "Levels by optimal steps: 1 (≤10), 2 (11–20), 3 (21–30), 4 (>30). pass@k needs k trials of "
+                  "every task (`evaluate.n_trials`, sampled at a temperature above 0): \"–\" where there were fewer.",
+                  ""]
         head = ["policy", "level", "tasks"] + [f"pass@{k}" for k in cfg.k_values] + ["run"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for p in policies:
@@ -162,16 +191,23 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offlin
                 lines.append(f"| {p} | {s} | " + " | ".join(str(x.get(f"failures/{k}", 0)) for k in kinds)
                              + f" | {_run(x)} |")
     lines.append("")
+    lines += sampled_tables(sampled or {}, cfg)
     lines += offline_table(offline or {})
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}](figures/{Path(f).name})" for f in figures] + [""]
     return "\n".join(lines)
 
 
-def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None) -> dict:
+def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None, sampled: dict | None = None) -> dict:
     out: dict = {}
     for p, x in (offline or {}).items():
         out.setdefault(p, {})["offline"] = offline_modes(x) | {"mlflow_run_id": x["mlflow_run_id"]}
+    for p, suites in (sampled or {}).items():
+        for s, x in suites.items():
+            out.setdefault(p, {}).setdefault("sampled", {})[s] = {
+                "n_trials": x.get("n_trials"), "temperature": x.get("temperature"), "n_tasks": x.get("eval/n_tasks"),
+                **{f"pass@{k}": x.get(f"eval/pass@{k}") for k in cfg.k_values},
+                "mlflow_run_id": x.get("mlflow_run_id", "")}
     for p, suites in summary.items():
         for s, x in suites.items():
             m = {"success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],
@@ -217,15 +253,43 @@ def plot(summary: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
     return files
 
 
+def plot_sampled(sampled: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
+    """pass@k against k for each sampled policy, one figure a suite."""
+    import matplotlib.pyplot as plt
+
+    files = []
+    for s in _suites(sampled):
+        fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
+        for p in _order(list(sampled)):
+            x = sampled[p].get(s)
+            if x is None:
+                continue
+            ks = [k for k in cfg.k_values if x.get(f"eval/pass@{k}") is not None]
+            ax.plot(ks, [100 * x[f"eval/pass@{k}"] for k in ks], marker="o", label=p)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cfg.k_values, [str(k) for k in cfg.k_values])
+        ax.set_xlabel("k")
+        ax.set_ylabel("pass@k (%)")
+        ax.set_title(f"{s}: pass@k with sampling")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = outdir / f"{s}_pass_at_k.png"
+        fig.savefig(path, metadata={"Software": None})
+        plt.close(fig)
+        files.append(str(path))
+    return files
+
+
 def main() -> None:
     cfg = load_params("report", ReportConfig)
     summary = read_json(SUMMARY)
     offline = read_json(OFFLINE) if OFFLINE.is_file() else {}
+    sampled = read_json(SAMPLED) if SAMPLED.is_file() else {}
     with tracking.stage_run("report", cfg.model_dump()) as run:
-        figures = plot(summary, cfg, REPORTS / "figures")
-        md = render_markdown(summary, cfg, figures, offline)
+        figures = plot(summary, cfg, REPORTS / "figures") + plot_sampled(sampled, cfg, REPORTS / "figures")
+        md = render_markdown(summary, cfg, figures, offline, sampled)
         (REPORTS / "report.md").write_text(md)
-        metrics = metrics_json(summary, cfg, offline)
+        metrics = metrics_json(summary, cfg, offline, sampled)
         metrics["report_mlflow_run_id"] = run.info.run_id
         write_json(REPORTS / "metrics.json", metrics)
         import mlflow

@@ -45,6 +45,33 @@ def test_params_name_bad_policies_and_checkpoints(tmp_path):
         config(tmp_path, checkpoints={"sft": {"path": "x", "reasonig": True}})
     with pytest.raises(ParamsError, match=r"evaluate\.model_concurrency"):
         config(tmp_path, model_concurrency=0)
+    with pytest.raises(ValueError, match=r"evaluate\.pass_k\.policies\[0\]: 'oracle' is not a checkpoint"):
+        check_policies(config(tmp_path, pass_k={"policies": ["oracle"]}))
+    with pytest.raises(ParamsError, match=r"evaluate\.pass_k\.n_trials"):
+        config(tmp_path, pass_k={"n_trials": 1})
+
+
+def test_report_has_the_sampling_study_with_only_the_estimable_pass_at_k():
+    from stages.report import ReportConfig, metrics_json, render_markdown
+
+    def summary(n, c, k_max, level_tasks):
+        return {"eval/n_tasks": level_tasks, "n_trials": n, "temperature": 1.0, "mlflow_run_id": "abcdef0123",
+                "eval/success_rate": c, "eval/success_ci_low": 0.0, "eval/success_ci_high": 1.0,
+                **{f"eval/pass@{k}": (c if k <= k_max else None) for k in (1, 2, 4, 8)},
+                "eval/by_complexity": {"1": {"n_tasks": level_tasks, **{f"pass@{k}": (c if k <= k_max else None)
+                                                                        for k in (1, 2, 4, 8)}}},
+                "eval/by_difficulty": {}, "eval/by_semantic": {}, "eval/by_combined": {}}
+
+    greedy = {"sft": {"world": summary(1, 0.0, 1, 5)}}
+    sampled = {"sft": {"world": summary(4, 0.5, 4, 5)}}
+    md = render_markdown(greedy, ReportConfig(), [], None, sampled)
+    assert "| sft | 1 | 5 | 0.0 | – | – | – | `abcdef01` |" in md  # greedy, one trial: pass@1 only
+    assert "## pass@k with sampling — world" in md and "sampled 4 times at temperature 1.0" in md
+    assert "| policy | level | tasks | pass@1 | pass@2 | pass@4 | run |" in md  # no pass@8 column
+    assert "| sft | all | 5 | 50.0 | 50.0 | 50.0 | `abcdef01` |" in md
+    m = metrics_json(greedy, ReportConfig(), None, sampled)
+    assert m["sft"]["sampled"]["world"]["pass@4"] == 0.5 and m["sft"]["sampled"]["world"]["pass@8"] is None
+    assert m["sft"]["world"]["pass@2"] is None
 
 
 def test_each_checkpoint_runs_its_own_task_cap_spread_over_templates(tmp_path):
@@ -133,3 +160,31 @@ def test_inspect_policy_selects_short_templates_and_reports_pass_at_k(ckpt, caps
     assert "pass@2" in out and "pass@4" not in out
     assert all(name in out for name in optimal)
     assert f"0 / {2 * len(tasks)} episodes solved" in out
+
+
+def test_pass_k_study_samples_every_task_n_times(ckpt, tmp_path, monkeypatch):
+    import stages.evaluate as E
+    from mobilerl import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setattr(E, "OUT", tmp_path)
+    (tmp_path / "trajectories").mkdir()
+    cfg = config(tmp_path, policies=["ck"], model_concurrency=8, temperature=0.0, seed=3, model_processes=1,
+                 checkpoints={"ck": {"path": str(ckpt), "max_new_tokens": 6}},
+                 pass_k={"policies": ["ck"], "n_trials": 3, "max_tasks": 2})
+    check_policies(cfg)
+    tasks = [get_task(f"world/test/{t}/0") for t in ("CameraTakePhoto", "ContactsAddContact", "SystemWifiTurnOnOff")]
+    with tracking.stage_run("evaluate"):
+        out = E.pass_k_study(cfg, {"world": tasks})
+    s = out["ck"]["world"]
+    assert (s["n_trials"], s["temperature"], s["eval/n_tasks"], s["eval/n_trajectories"]) == (3, 1.0, 2, 6)
+    assert s["eval/pass@2"] is not None and s["eval/pass@4"] is None and s["mlflow_run_id"]
+    kept = (tmp_path / "trajectories" / "ck__world__sampled.jsonl").read_text().splitlines()
+    assert len(kept) == 6
+    # sampled at temperature 1.0: the three trials of a task are not all the same response sequence
+    import json
+
+    by_task: dict[str, set] = {}
+    for t in map(json.loads, kept):
+        by_task.setdefault(t["task_id"], set()).add(tuple(st["response"] for st in t["steps"]))
+    assert len(by_task) == 2 and all(len(v) > 1 for v in by_task.values())

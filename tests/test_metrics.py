@@ -322,3 +322,16 @@ def test_summarize_pass_at_k_and_buckets():
     assert all(not isinstance(v, dict) for v in flat.values())
     empty = summarize([])
     assert empty["eval/n_trajectories"] == 0 and empty["eval/success_rate"] is None
+
+
+def test_pass_at_k_of_a_group_needs_k_trials_of_every_task():
+    """With one trial a task, pass@8 is not estimable: None (the report prints "–"), not pass@1 renamed."""
+    trajs = [traj(f"t{i}", success=i == 0, reward=float(i == 0), finished=i == 0, trial=0) for i in range(4)]
+    s = summarize(trajs, k_values=(1, 2, 8))
+    assert s["eval/pass@1"] == pytest.approx(0.25)
+    assert s["eval/pass@2"] is None and s["eval/pass@8"] is None
+    assert all(g["pass@2"] is None for g in s["eval/by_difficulty"].values())
+    # two trials of every task: pass@2 is estimable, pass@8 still is not
+    trajs += [traj(f"t{i}", success=False, reward=0.0, finished=False, trial=1) for i in range(4)]
+    s = summarize(trajs, k_values=(1, 2, 8))
+    assert s["eval/pass@2"] == pytest.approx(0.25) and s["eval/pass@8"] is None

@@ -121,6 +121,10 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         assert m.get("androidcontrol/high/n_steps", 0) > 0 and m["androidcontrol/low/n_steps"] == m["androidcontrol/high/n_steps"]
         assert "Offline step accuracy" in report and "| miss: wrong element | miss: off element |" in report
         assert "| sft_reasoning_free | high | 3 |" in report and "| sft_reasoning_free | low | 3 |" in report
+        # the sampling study: 2 trials of 2 tasks, so pass@2 and no pass@4 column
+        sampled = [r for r in runs if r.info.run_name == "sft_reasoning_free/world/sampled"]
+        assert sampled and sampled[0].data.metrics["eval/n_trajectories"] == 4 and "eval/pass@4" not in sampled[0].data.metrics
+        assert "## pass@k with sampling — world" in report and "| pass@1 | pass@2 | run |" in report
 
         # Selective re-run: change the report's param only.
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

@@ -555,3 +555,36 @@ def test_pretraining_runs_on_cuda(states, tokenizer, tmp_path):
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()
               if '"train"' in x]
     assert summary["steps"] == 20 and losses[-1] < losses[0] and model.device.type == "cpu"
+
+
+@pytest.mark.skipif(not (BASE / "config.json").exists(), reason="no committed tiny base checkpoint")
+def test_generation_probe_does_not_cut_off_a_long_right_answer():
+    """A recipe's directions copied into a Type run past 64 tokens: an answer as long as its target must not
+    be cut at the probe's default cap (two of the released base's 200 span-copy items were)."""
+    from mobilerl.models.pretrain_data import Example
+    from mobilerl.models.probe import ProbeItem, score_generate
+
+    _, processor = tiny.load(BASE)
+    tok = processor.tokenizer
+    words = "Preheat the oven. Stretch the dough, spread the sauce, top with cheese and bake for ten minutes."
+    targets = [f'<answer>do(action="Type", text="{words} {words}")</answer>', '<answer>do(action="Back")</answer>']
+    assert len(tok(targets[0], add_special_tokens=False)["input_ids"]) > 64
+
+    class Echo:  # a "model" that answers every item with its target, as far as max_new_tokens allows
+        device = torch.device("cpu")
+
+        def eval(self):
+            return self
+
+        def generate(self, input_ids, attention_mask, max_new_tokens, do_sample):
+            rows = [tok(t, add_special_tokens=False)["input_ids"][:max_new_tokens] for t in targets]
+            width = max(map(len, rows))
+            new = torch.full((len(rows), width), tok.pad_token_id or 0, dtype=torch.long)
+            for i, r in enumerate(rows):
+                new[i, :len(r)] = torch.tensor(r)
+            return torch.cat((input_ids, new), dim=1)
+
+    items = [ProbeItem("copy", Example([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": t}],
+                                       ["copy"]), i) for i, t in enumerate(targets)]
+    acc, rows = score_generate(Echo(), processor, items)
+    assert acc["copy"] == 1.0, rows

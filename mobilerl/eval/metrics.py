@@ -3,8 +3,9 @@
 What comes from where:
 
 - ``pass@k`` — MobileRL Appendix E.2.3: per task with ``c`` successes in ``n`` trials, the unbiased
-  estimator ``pass@k = 1 − C(n−c, k) / C(n, k)`` with ``k`` truncated to ``n``; a category's value is the
-  mean over its tasks.
+  estimator ``pass@k = 1 − C(n−c, k) / C(n, k)`` (:func:`pass_at_k` truncates ``k`` to ``n``); a category's
+  value is the mean over its tasks, and ``None`` when one of its tasks has fewer than ``k`` trials (an n = 1
+  evaluation has pass@1 only).
 - complexity levels — MobileRL §3 ("Success Rates by Task Complexity"): level 1 ≤ 10 steps, 2: 11–20,
   3: 21–30, 4: > 30 (we bucket by the task's optimal step count).
 - semantic score, S1/S2/S3 and D1/D2/D3 — MobileRL Appendix E.2.2 (see :func:`semantic_features`,
@@ -320,8 +321,10 @@ def _group_stats(trajs: Sequence[Trajectory], k_values: Sequence[int]) -> dict[s
         "success_ci_low": low,
         "success_ci_high": high,
     }
+    fewest = min(map(len, by_task.values()), default=0)
     for k in k_values:
-        vals = [pass_at_k(len(v), sum(v), k) for v in by_task.values()]
+        # The unbiased estimate needs k trials of every task; with fewer it would be pass@n under another name.
+        vals = [pass_at_k(len(v), sum(v), k) for v in by_task.values()] if fewest >= k else []
         out[f"pass@{k}"] = sum(vals) / len(vals) if vals else None
     return out
 
@@ -355,7 +358,8 @@ def summarize(
     Semantic features read ``template_texts[t.template]`` when given, else the instruction.
     :func:`flatten` turns the result into flat ``/``-joined keys for a metrics logger.
 
-    pass@k averages per-task estimates; with unequal trials per task, each task uses its own ``n``. The
+    pass@k averages per-task estimates; with unequal trials per task, each task uses its own ``n``, and a group
+    with a task of fewer than ``k`` trials has pass@k ``None`` (not estimable; the report prints "–"). The
     Wilson interval treats trajectories as independent, which trials of one task are not: read it as a
     lower bound on the uncertainty.
     """

@@ -185,7 +185,11 @@ def _center_inside(pred: str, target: str) -> bool:
 def score_generate(
     model: Any, processor: Any, items: Sequence[ProbeItem], batch_size: int = 16, max_new_tokens: int = 64,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy generation accuracy per kind, plus per-item records (prompt-free: kind, target, output)."""
+    """Greedy generation accuracy per kind, plus per-item records (prompt-free: kind, target, output).
+
+    A batch generates up to ``max_new_tokens`` tokens, or 16 more than its longest target where that is longer
+    (a recipe's directions copied into a ``Type`` run past 64 tokens): a right answer is never cut off, and an
+    output longer than its target is wrong wherever it stops."""
     import torch
 
     tok = processor.tokenizer
@@ -200,8 +204,10 @@ def score_generate(
         for batch in _batches(list(items), batch_size):
             prompts = [chat_text(it.example.messages[:-1]) + "<|im_start|>assistant\n" for it in batch]
             enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            longest = max(len(tok(it.example.messages[-1]["content"], add_special_tokens=False)["input_ids"])
+                          for it in batch)
             with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+                out = model.generate(**enc, max_new_tokens=max(max_new_tokens, longest + 16), do_sample=False)
             new = out[:, enc["input_ids"].shape[1] :]
             for it, seq in zip(batch, new, strict=True):
                 text = tok.decode(seq, skip_special_tokens=True).strip()
