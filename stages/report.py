@@ -242,15 +242,19 @@ def plot(summary: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
         ax.set_xticklabels([f"level {lv}" for lv in levels])
         ax.set_ylabel("pass@1 (%)")
         ax.set_ylim(0, 105)
-        ax.set_title(f"{s}: success by complexity level")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = outdir / f"{s}_by_complexity.png"
-        # fixed metadata so the same numbers give the same bytes
-        fig.savefig(path, metadata={"Software": None})
-        plt.close(fig)
-        files.append(str(path))
+        files.append(_save(fig, ax, f"{s}: success by complexity level", outdir / f"{s}_by_complexity.png"))
     return files
+
+
+def _save(fig: Any, ax: Any, title: str, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})  # fixed metadata so the same numbers give the same bytes
+    plt.close(fig)
+    return str(path)
 
 
 def plot_sampled(sampled: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
@@ -270,13 +274,8 @@ def plot_sampled(sampled: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
         ax.set_xticks(cfg.k_values, [str(k) for k in cfg.k_values])
         ax.set_xlabel("k")
         ax.set_ylabel("pass@k (%)")
-        ax.set_title(f"{s}: pass@k with sampling")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = outdir / f"{s}_pass_at_k.png"
-        fig.savefig(path, metadata={"Software": None})
-        plt.close(fig)
-        files.append(str(path))
+        ax.set_ylim(bottom=0)
+        files.append(_save(fig, ax, f"{s}: pass@k with sampling", outdir / f"{s}_pass_at_k.png"))
     return files
 
 
