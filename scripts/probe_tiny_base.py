@@ -1,12 +1,13 @@
 """Print the tiny base model's screen-reading figures on held-out simulator screens.
 
-    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--states DIR]
+    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--states DIR] [--rows F]
 
 Held-out screens: test-split tasks of the world and lab suites (never used by pretraining), oracle and
 off-policy states, less any screen identical to a train-split one: the ``pretrain`` stage's release probe,
 item for item. ``--states`` reuses a pretraining run's screen cache (``train.jsonl.gz``/``test.jsonl.gz``,
 written by ``python -m mobilerl.models.pretrain … --states DIR``) instead of collecting them (~3 minutes).
-One question per item, greedy generation, exact answer (see mobilerl/models/probe.py).
+One question per item, greedy generation, exact answer (see mobilerl/models/probe.py). ``--rows`` keeps every
+item's question, target and output, to read what the model gets wrong.
 Exit status 1 if an acceptance target (grounding ≥ 90%, reading ≥ 90%, span copy ≥ 95%) is missed.
 """
 
@@ -32,6 +33,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--device", default="cpu", help="torch device to score on (e.g. cuda)")
+    ap.add_argument("--rows", type=Path, default=None,
+                    help="write every item's kind, question, task, target, output and verdict here (JSONL)")
     args = ap.parse_args()
 
     import torch
@@ -49,7 +52,13 @@ def main() -> int:
     states = (load_state_cache(args.states) if args.states is not None
               else prepare_states(profile, log=lambda msg: None))[1]
     items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
-    acc, _ = score_generate(model, processor, items)
+    acc, rows = score_generate(model, processor, items)
+    if args.rows is not None:
+        with args.rows.open("w") as f:
+            for it, row in zip(items, rows, strict=True):
+                user = it.example.messages[-2]["content"].splitlines()
+                task = next((line.removeprefix("Task: ") for line in user if line.startswith("Task: ")), "")
+                f.write(json.dumps({**row, "question": user[-1], "task": task, "screen": it.state_index}) + "\n")
     names = {"ground": "grounding (exact element)", "read": "reading (label -> value)",
              "copy": "instruction-span copy (Type)", "type": "type what the task says, at the field",
              "checked": "state: switch on/off",
