@@ -99,13 +99,17 @@ def sampled_tables(sampled: dict, cfg: ReportConfig) -> list[str]:
                   "| policy | level | tasks | " + " | ".join(f"pass@{k}" for k in ks) + " | run |",
                   "|" + "---|" * (len(ks) + 4)]
         for p, x in rows:
-            groups = [("all", {"n_tasks": x.get("eval/n_tasks"), **{f"pass@{k}": x.get(f"eval/pass@{k}") for k in ks}}),
-                      *sorted(x["eval/by_complexity"].items())]
-            for level, g in groups:
-                lines.append(f"| {p} | {level} | {g.get('n_tasks')} | "
-                             + " | ".join(_pct(g.get(f"pass@{k}")) for k in ks) + f" | {_run(x)} |")
+            overall = {"n_tasks": x.get("eval/n_tasks"), **{f"pass@{k}": x.get(f"eval/pass@{k}") for k in ks}}
+            lines += _pass_k_rows(p, x, ks, (("all", overall),))
         lines.append("")
     return lines
+
+
+def _pass_k_rows(policy: str, x: dict, ks: list[int], first: tuple[tuple[str, dict], ...] = ()) -> list[str]:
+    """Table rows ``| policy | level | tasks | pass@k… | run |`` of one summary: the ``first`` groups, then its
+    complexity levels."""
+    return [f"| {policy} | {level} | {g.get('n_tasks')} | " + " | ".join(_pct(g.get(f"pass@{k}")) for k in ks)
+            + f" | {_run(x)} |" for level, g in [*first, *sorted(x["eval/by_complexity"].items())]]
 
 
 def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offline: dict | None = None,
@@ -144,9 +148,7 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offlin
             x = summary[p].get(s)
             if x is None:
                 continue
-            for level, g in sorted(x["eval/by_complexity"].items()):
-                lines.append("| " + " | ".join([p, level, str(g["n_tasks"])] +
-                                               [_pct(g.get(f"pass@{k}")) for k in cfg.k_values] + [_run(x)]) + " |")
+            lines += _pass_k_rows(p, x, cfg.k_values)
         lines.append("")
     # difficulty and buckets
     for s in suites:
