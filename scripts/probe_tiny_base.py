@@ -1,6 +1,6 @@
 """Print the tiny base model's screen-reading figures on held-out simulator screens.
 
-    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--states DIR] [--rows F]
+    .venv/bin/python scripts/probe_tiny_base.py [--model models/tiny-base] [--items 200] [--states DIR] [--split train] [--rows F]
 
 Held-out screens: test-split tasks of the world and lab suites (never used by pretraining), oracle and
 off-policy states, less any screen identical to a train-split one: the ``pretrain`` stage's release probe,
@@ -8,6 +8,8 @@ item for item. ``--states`` reuses a pretraining run's screen cache (``train.jso
 written by ``python -m mobilerl.models.pretrain … --states DIR``) instead of collecting them (~3 minutes).
 One question per item, greedy generation, exact answer (see mobilerl/models/probe.py). ``--rows`` keeps every
 item's question, target and output, to read what the model gets wrong.
+``--split train`` asks the same questions about pretraining's own train-split screens instead: where the model
+does better there, it recalls what it was trained on rather than reading the screen or the instruction.
 Exit status 1 if an acceptance target (grounding ≥ 90%, reading ≥ 90%, span copy ≥ 95%) is missed.
 """
 
@@ -33,6 +35,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--device", default="cpu", help="torch device to score on (e.g. cuda)")
+    ap.add_argument("--split", choices=("test", "train"), default="test",
+                    help="ask about held-out screens (test: the release probe) or about pretraining's own train-split "
+                         "screens (train: the gap between the two is what the model recalls instead of reading)")
     ap.add_argument("--rows", type=Path, default=None,
                     help="write every item's kind, question, task, target, output and verdict here (JSONL)")
     args = ap.parse_args()
@@ -50,7 +55,7 @@ def main() -> int:
     profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
     # as the stage has them: held-out screens not among the profile's train screens
     states = (load_state_cache(args.states) if args.states is not None
-              else prepare_states(profile, log=lambda msg: None))[1]
+              else prepare_states(profile, log=lambda msg: None))[args.split == "test"]
     items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
     acc, rows = score_generate(model, processor, items)
     if args.rows is not None:
@@ -67,7 +72,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(acc, indent=1))
     else:
-        print(f"held-out screens: {len(states)} (test split, {profile.probe_per_template} tasks/template); "
+        where = (f"held-out screens: {len(states)} (test split, {profile.probe_per_template} tasks/template)"
+                 if args.split == "test" else f"pretraining's own screens: {len(states)} (train split)")
+        print(f"{where}; "
               f"greedy generation, exact answer; {time.time() - t0:.0f}s")
         for k, name in names.items():
             if k in acc:

@@ -290,7 +290,7 @@ def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks
         s |= {"wall_s": wall, "n_tasks": len(tasks), "n_trials": cfg.n_trials, "temperature": cfg.temperature}
         tracking.log_metrics(s)
         s["mlflow_run_id"] = run.info.run_id
-    print(f"evaluate: {run_name} on {suite}/{cfg.split}: success {s['eval/success_rate']:.3f} over {len(trajs)} "
+    print(f"evaluate: {run_name} ({cfg.split} split): success {s['eval/success_rate']:.3f} over {len(trajs)} "
           f"episodes in {wall:.1f}s")
     return s
 

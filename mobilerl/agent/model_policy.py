@@ -12,7 +12,10 @@ batches of up to N. Nothing here batches or blocks.
 Greedy reuse: at ``temperature=0`` a response depends on its prompt alone, so a policy answers a prompt it
 has already answered in the same episode (an agent stuck on one screen repeating one action) from memory
 instead of generating again: the same text and logprobs, no model call. The env is still stepped; the
-trajectory is the one the model would have produced. Screenshot modes are always generated.
+trajectory is the one the model would have produced. Screenshot modes are always generated. The prompt must
+repeat exactly, history included. The prompt module numbers its history lines (``Step N: …``), so two steps of
+one episode share a prompt only when no history is shown (``max_history=0``); with any history, reuse never
+fires, and what consecutive prompts share is saved by the HF backend's prefix cache instead.
 
 Seeds: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
 ``stable_seed(sampling.seed, e, t)``, so an episode's responses do not depend on which other episodes
