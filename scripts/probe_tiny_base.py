@@ -53,9 +53,10 @@ def main() -> int:
     model, processor = tiny.load(args.model)
     model.to(args.device)
     profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
-    # as the stage has them: held-out screens not among the profile's train screens
-    states = (load_state_cache(args.states) if args.states is not None
-              else prepare_states(profile, log=lambda msg: None))[args.split == "test"]
+    # as the stage has them: the train screens, and the held-out screens not among them
+    train, test = (load_state_cache(args.states) if args.states is not None
+                   else prepare_states(profile, log=lambda msg: None))
+    states = test if args.split == "test" else train
     items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
     acc, rows = score_generate(model, processor, items)
     if args.rows is not None:
