@@ -75,8 +75,7 @@ def main() -> int:
     else:
         where = (f"held-out screens: {len(states)} (test split, {profile.probe_per_template} tasks/template)"
                  if args.split == "test" else f"pretraining's own screens: {len(states)} (train split)")
-        print(f"{where}; "
-              f"greedy generation, exact answer; {time.time() - t0:.0f}s")
+        print(f"{where}; greedy generation, exact answer; {time.time() - t0:.0f}s")
         for k, name in names.items():
             if k in acc:
                 target = ACCEPTANCE.get(k)
