@@ -307,9 +307,10 @@ def test_speculative_decoding_is_plain_greedy_decoding(ckpt):
     """Prompt-lookup guesses checked in one forward give the tokens, logprobs and finish reasons of plain
     decoding, in batches with sampled rows, stop strings and the token cap, while running fewer forwards."""
     model_kw = dict(device="cpu", max_batch=8, batch_wait_ms=50, prefix_cache_tokens=0)
-    spec = HFBackend.from_pretrained(ckpt, speculate_tokens=6, speculate_rows=8, **model_kw)
+    spec = HFBackend.from_pretrained(ckpt, speculate_tokens=6, speculate_rows=8, prefill_draft=0, batch_draft=0,
+                                     **model_kw)
     plain = HFBackend(spec.model, spec.processor, max_batch=8, batch_wait_ms=50, speculate_tokens=0,
-                      prefix_cache_tokens=0)
+                      prefix_cache_tokens=0, prefill_draft=0, batch_draft=0)
     forwards = {}
     for name, be in (("spec", spec), ("plain", plain)):
         be.model._fw = 0
@@ -336,6 +337,58 @@ def test_speculative_decoding_is_plain_greedy_decoding(ckpt):
     assert results["plain"][1].finish_reason == "length" and len(results["plain"][1].token_ids) == 17
     for h in forwards.values():
         h.remove()
+
+
+def test_response_lookup_guesses_how_answers_usually_go():
+    from mobilerl.models.hf_backend import ResponseLookup
+
+    lk = ResponseLookup(window=3)
+    assert lk.draft([], 4) == []  # nothing seen yet
+    for r in ([1, 2, 3, 7, 0], [1, 2, 4, 7, 0], [1, 2, 3, 8, 0]):
+        lk.add(r)
+    assert lk.draft([], 5) == [1, 2, 3, 7, 0]  # the most frequent successor of each context
+    assert lk.draft([], 5, stop={2}) == [1, 2]  # a guess ends after a stop token (end of turn)
+    assert lk.draft([1, 2, 4], 2) == [7, 0]  # "2 4" went on as "7"
+    assert lk.draft([9], 2) == []  # a token never seen: no guess
+    lk.add([5, 6])  # the window forgets the first answer
+    lk.add([5, 6])
+    assert lk.draft([], 2) == [5, 6] and lk.draft([1, 2], 1) == [3]
+
+
+@pytest.mark.parametrize("prefill_draft,batch_draft", [(8, 0), (0, 4), (8, 4)])
+def test_drafts_from_recent_answers_are_plain_greedy_decoding(ckpt, prefill_draft, batch_draft):
+    """Answer tokens guessed from the backend's recent answers, checked inside the prompt's prefill or in
+    a decoding forward of the whole batch, give the tokens, logprobs and finish reasons of plain decoding
+    (greedy and sampled rows, stop strings, a token cap shorter than the guess) with fewer decoding
+    forwards once the backend has seen the answers it guesses from."""
+    kw = dict(max_batch=8, batch_wait_ms=50, speculate_tokens=0)
+    draft = HFBackend.from_pretrained(ckpt, device="cpu", prefill_draft=prefill_draft, batch_draft=batch_draft, **kw)
+    plain = HFBackend(draft.model, draft.processor, prefill_draft=0, batch_draft=0, **kw)
+    reqs = [text_request(LONG + s) for s in ("", "", "Tap OK please", "hello", "")]
+    scs = [SamplingConfig(temperature=0, max_new_tokens=40), SamplingConfig(temperature=0, max_new_tokens=3),
+           SamplingConfig(temperature=1.0, max_new_tokens=40, seed=5), SamplingConfig(temperature=0, max_new_tokens=40),
+           SamplingConfig(temperature=0, max_new_tokens=40)]
+    draft.model._fw = 0
+    hook = draft.model.register_forward_pre_hook(lambda m, a: setattr(m, "_fw", m._fw + 1))
+
+    async def batch(be, scs):
+        return [g for [g] in await asyncio.gather(*(be.generate([r], sc) for r, sc in zip(reqs, scs, strict=True)))]
+
+    forwards = []
+    for group in (scs, scs, [replace_stop(sc) for sc in scs]):
+        results = {}
+        for name, be in (("draft", draft), ("plain", plain)):
+            before = be.model._fw
+            results[name] = run(batch(be, group))
+            forwards.append(be.model._fw - before)
+        for x, y in zip(results["draft"], results["plain"], strict=True):
+            assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason and x.text == y.text
+            assert x.prompt_tokens == y.prompt_tokens
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+    hook.remove()
+    assert results["plain"][1].finish_reason == "length" and len(results["plain"][1].token_ids) == 3
+    assert forwards[2] < forwards[3]  # the second round: the first round's answers are guessed
+    assert draft.responses.draft([], 4) == list(results["plain"][0].token_ids[:4])
 
 
 def replace_stop(sc: SamplingConfig) -> SamplingConfig:

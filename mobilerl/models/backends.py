@@ -32,6 +32,8 @@ KEYS: dict[str, tuple[frozenset[str], dict[str, str]]] = {
             "speculate_tokens": "tokens guessed by prompt lookup per greedy row in a batch's tail (0: off)",
             "speculate_rows": "speculate once at most this many rows are left in a batch",
             "line_token_cache": "prompt lines whose token ids are kept (0: tokenize every prompt whole)",
+            "prefill_draft": "answer tokens guessed from recent answers and checked in a greedy row's prefill (0: off)",
+            "batch_draft": "near-certain next tokens (from recent answers) checked in every decoding forward (0: off)",
             "name": "backend name recorded in trajectories",
         },
     ),

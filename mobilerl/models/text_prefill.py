@@ -73,10 +73,12 @@ class TextPrefill:
         _, cos, sin = self._tables
         return cos[:n], sin[:n]
 
-    def __call__(self, input_ids: Any, past: list[tuple[Any, Any]] | None = None) -> tuple[Any, list[tuple[Any, Any]]]:
+    def __call__(self, input_ids: Any, past: list[tuple[Any, Any]] | None = None,
+                 last: int = 1) -> tuple[Any, list[tuple[Any, Any]]]:
         """``past``: the per-layer ``(keys, values)`` of the first ``p`` tokens of ``input_ids`` (from an earlier
         prompt that starts with them; ``p`` < the prompt's length). Only the other tokens are run; the returned
-        cache covers the whole prompt."""
+        cache covers the whole prompt. Returns the raw logits of the last position (V,), or of the last ``last``
+        positions ((last, V)) when ``last`` > 1 (``last`` ≤ the tokens run)."""
         import torch
         import torch.nn.functional as F
 
@@ -88,6 +90,8 @@ class TextPrefill:
         cos, sin = cos[p:], sin[p:]
         half = self.head_dim // 2
         s = n - p
+        if not 1 <= last <= s:
+            raise ValueError(f"logits of the last {last} positions asked of a prefill that runs {s} tokens")
         # Queries of the new tokens see every cached key and the new keys up to their own position.
         mask = None if not p else (
             torch.arange(n, device=input_ids.device)[None, :] <= torch.arange(p, n, device=input_ids.device)[:, None])
@@ -111,8 +115,8 @@ class TextPrefill:
                                                enable_gqa=self.kv_heads != self.heads)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(1, s, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.model.lm_head(self.lm.norm(h[:, -1:]))
-        return logits[0, -1], kv
+        logits = self.model.lm_head(self.lm.norm(h[:, -last:]))
+        return (logits[0, -1] if last == 1 else logits[0]), kv
 
 
 class PrefixCache:
