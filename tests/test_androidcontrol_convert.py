@@ -100,6 +100,13 @@ def test_forest_to_uiautomator_xml():
     assert "TextView;;9:41;[20,10][200,70]" in lines
 
 
+def test_forest_text_with_control_characters_still_gives_a_readable_dump():
+    """A recorded text may hold characters XML 1.0 cannot carry; the dump writes them as '.' (as uiautomator's
+    dumper does) instead of producing XML no parser accepts."""
+    xml = AC.forest_to_xml(AC.encode_forest(_forest(extra_text="Inbox\x02 \x1b[0m\ufffe")))
+    assert "TextView;;Inbox. .[0m.;[40,220][600,380]" in compress_xml(xml, width=W, height=H).splitlines()
+
+
 def test_convert_episode_boxes_types_and_variants():
     traj, shots = AC.convert_episode(_episode(), split="train")
     names = [s.action_name for s in traj.steps]

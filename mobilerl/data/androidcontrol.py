@@ -35,7 +35,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import quoteattr
 
 from PIL import Image
 
@@ -51,7 +50,7 @@ from mobilerl.data.schema import StepRecord, Trajectory
 from mobilerl.data.store import IMAGES, StoreWriter, image_path
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, format_action
-from mobilerl.env.xml import compress_xml
+from mobilerl.env.xml import compress_xml, xml_attr
 from mobilerl.eval.androidcontrol import from_androidcontrol
 
 # ============================================================================== protobuf wire format
@@ -359,7 +358,7 @@ def _emit(node: dict[str, Any], index: int, by_id: dict[int, dict[str, Any]], se
         ("password", _b(node.get("is_password"))), ("selected", _b(node.get("is_selected"))),
         ("bounds", _bounds(node.get("bounds_in_screen"))),
     ]
-    parts.append("<node " + " ".join(f"{k}={quoteattr(v)}" for k, v in attrs) + ">")
+    parts.append("<node " + " ".join(f"{k}={xml_attr(v)}" for k, v in attrs) + ">")
     for j, cid in enumerate(node.get("child_ids", [])):
         child = by_id.get(int(cid))
         if child is not None:

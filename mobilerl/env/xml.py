@@ -31,6 +31,18 @@ import functools
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from xml.sax.saxutils import quoteattr
+
+# Characters XML 1.0 cannot carry (C0 controls other than tab/newline/CR, lone surrogates, U+FFFE/U+FFFF).
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_attr(value: str) -> str:
+    """``value`` as a quoted XML attribute, each character XML 1.0 cannot carry written as ``.``, as
+    uiautomator's dumper does (``stripInvalidXMLChars``): a typed control character must not make the
+    whole dump unreadable."""
+    return quoteattr(_XML_INVALID.sub(".", value))
+
 
 FLAGS = ("checkable", "checked", "clickable", "focusable", "scrollable", "long-clickable", "password", "selected")
 _BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")

@@ -10,10 +10,10 @@ uiautomator attribute set; the screenshot is rendered from the same tree (:mod:`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from xml.sax.saxutils import quoteattr
+
+from mobilerl.env.xml import xml_attr
 
 Box = tuple[int, int, int, int]
 Handler = Callable[[], None] | None
@@ -414,13 +414,6 @@ def _clip(n: Node, top: int, bottom: int) -> None:
 _BOOL = ("false", "true")
 # characters XML 1.0 cannot carry (C0 controls other than tab/LF/CR, lone surrogates, U+FFFE/U+FFFF): the
 # uiautomator dumper writes "." for them, so a typed control character cannot break the dump
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-def _attr(value: str) -> str:
-    return quoteattr(_XML_INVALID.sub(".", value))
-
-
 def to_xml(root: Node) -> str:
     out: list[str] = ["<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><hierarchy rotation=\"0\">"]
     _write(root, 0, out)
@@ -432,8 +425,8 @@ def _write(n: Node, index: int, out: list[str]) -> None:
     x1, y1, x2, y2 = n.bounds
     rid = f"{n.package}:id/{n.rid}" if n.rid else ""
     out.append(
-        f"<node index=\"{index}\" text={_attr(n.text)} resource-id=\"{rid}\" class=\"{n.cls}\" "
-        f"package=\"{n.package}\" content-desc={_attr(n.desc)} checkable=\"{_BOOL[n.checkable]}\" "
+        f"<node index=\"{index}\" text={xml_attr(n.text)} resource-id=\"{rid}\" class=\"{n.cls}\" "
+        f"package=\"{n.package}\" content-desc={xml_attr(n.desc)} checkable=\"{_BOOL[n.checkable]}\" "
         f"checked=\"{_BOOL[n.checked]}\" clickable=\"{_BOOL[n.clickable]}\" enabled=\"{_BOOL[n.enabled]}\" "
         f"focusable=\"{_BOOL[n.focusable]}\" focused=\"{_BOOL[n.focused]}\" scrollable=\"{_BOOL[n.scrollable]}\" "
         f"long-clickable=\"{_BOOL[n.long_clickable]}\" password=\"{_BOOL[n.password]}\" "
