@@ -326,7 +326,8 @@ class HFBackend:
             where the model is one it supports (the same logits and cache; ~1.2x faster on the tiny model).
         speculate_tokens: greedy rows guess up to this many next tokens by prompt lookup (:class:`PromptLookup`)
             and the model checks the guesses in the same forward as the token just chosen, once at most
-            ``speculate_rows`` rows are left in the batch (0: off). The output is what plain greedy decoding
+            ``speculate_rows`` rows are left in the batch (0: off); a row whose whole guess was right guesses
+            twice as far the next time, up to 4x. The output is what plain greedy decoding
             gives (up to float noise); it shortens the tail of a batch, where one long answer (a long ``Type``
             text, a degenerate repetition to the token cap) held every other request back one forward a token.
         prefix_cache_tokens: with the lean text prefill, keep the keys/values of recent prompts up to this many
@@ -555,6 +556,7 @@ class HFBackend:
             ended = [False] * len(items)
             stopped = [False] * len(items)  # ended at the end-of-turn token or a stop string
             lookups: dict[int, PromptLookup] = {}
+            guess_len: dict[int, int] = {}  # tail speculation: how far each row guesses next
 
             def push(b: int, tk: int, lp: float) -> bool:
                 """Append a token to item ``b``; True when the item is complete."""
@@ -613,7 +615,8 @@ class HFBackend:
                 tail_rows = self.speculate_tokens and len(rows) <= self.speculate_rows
                 if tail_rows or self.batch_draft:
                     for b in rows.tolist():
-                        room = min(self.speculate_tokens if tail_rows else self.batch_draft, n_new - 1 - len(tokens[b]))
+                        room = min(guess_len.get(b, self.speculate_tokens) if tail_rows else self.batch_draft,
+                                   n_new - 1 - len(tokens[b]))
                         if ended[b] or not greedy[b] or room <= 0:
                             drafts.append([])
                         elif tail_rows:
@@ -638,6 +641,13 @@ class HFBackend:
                     positions = positions + 1
                 else:
                     taken = self._accept(out.logits, drafts, rows, lp_temps, sampler, ended, push)
+                    if tail_rows:  # a row whose whole guess was right (a loop, a long copy) guesses twice as far
+                        for b, d, a in zip(rows.tolist(), drafts, taken, strict=True):
+                            cur = guess_len.get(b, self.speculate_tokens)
+                            if a < len(d):
+                                guess_len[b] = self.speculate_tokens
+                            elif len(d) == cur:
+                                guess_len[b] = min(2 * cur, 4 * self.speculate_tokens)
                     for j, a in enumerate(taken):
                         mask[j, kv - q + 1 + a:kv] = 0  # rejected guesses (and padding) are never seen again
                     idx = torch.tensor(taken, device=device)
