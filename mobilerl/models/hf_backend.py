@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -231,19 +232,47 @@ class ResponseLookup:
 DECODE_ROOM = 32  # positions a batch's decoding cache holds beyond its longest prompt before it grows
 
 
-def _decode_cache(prefills: Sequence[list[tuple[Any, Any]]], lengths: list[int], capacity: int) -> Any:
+class _Arena:
+    """One reusable block of memory for the batch KV buffers. A batch's buffers are tens of MB; allocated fresh
+    for every batch, their pages were faulted in anew each time (the largest part of building the cache).
+    Buffers carved from the arena are valid until the next :meth:`take` cycle, i.e. for one batch (batches
+    run one at a time on the backend's model thread)."""
+
+    def __init__(self) -> None:
+        self.block: Any = None
+        self.used = 0
+
+    def start(self, numel: int, like: Any) -> None:
+        if self.block is None or self.block.numel() < numel or self.block.dtype != like.dtype \
+                or self.block.device != like.device:
+            self.block = like.new_empty(numel)
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...]) -> Any:
+        n = math.prod(shape)
+        out = self.block[self.used:self.used + n].view(shape)
+        self.used += n
+        return out
+
+
+def _decode_cache(prefills: Sequence[list[tuple[Any, Any]]], lengths: list[int], capacity: int,
+                  arena: _Arena | None = None) -> Any:
     """A batch KV cache of ``GrowingLayer`` s (:func:`_growing_layer`): the prompts' per-layer ``(keys,
     values)`` (each (1, H, L_b, D)) left-padded to ``max(lengths)`` in buffers with room for ``capacity``
-    positions."""
+    positions (carved from ``arena`` when given)."""
     from transformers.cache_utils import Cache
 
     width = max(lengths)
     layers = []
+    shapes = [((len(prefills), k0.shape[1], capacity, k0.shape[3]), (len(prefills), v0.shape[1], capacity, v0.shape[3]))
+              for k0, v0 in prefills[0]]
+    if arena is not None:
+        arena.start(sum(math.prod(a) + math.prod(b) for a, b in shapes), prefills[0][0][0])
     for li, (k0, v0) in enumerate(prefills[0]):
         # Uninitialised beyond ``width`` (written before it is read); the padding is zeroed, as masked
         # positions must hold finite values (0 × NaN is NaN).
-        kb = k0.new_empty((len(prefills), k0.shape[1], capacity, k0.shape[3]))
-        vb = v0.new_empty((len(prefills), v0.shape[1], capacity, v0.shape[3]))
+        kb = arena.take(shapes[li][0]) if arena is not None else k0.new_empty(shapes[li][0])
+        vb = arena.take(shapes[li][1]) if arena is not None else v0.new_empty(shapes[li][1])
         for b, (kv, n) in enumerate(zip(prefills, lengths, strict=True)):
             kb[b, :, :width - n] = 0
             vb[b, :, :width - n] = 0
@@ -357,6 +386,7 @@ class HFBackend:
         self.speculate_tokens, self.speculate_rows = speculate_tokens, speculate_rows
         self.prefill_draft, self.batch_draft = prefill_draft, batch_draft
         self.responses = ResponseLookup()
+        self._arena = _Arena()
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -578,7 +608,8 @@ class HFBackend:
             # tokens made each batch's buffers ~4x the prompts' keys/values; allocating and first touching
             # that memory cost more than copying the prompts in: 55 against 12 ms for 30 prompts.)
             cache = _decode_cache([[(k[:, :, :m], v[:, :, :m]) for k, v in kv] for (_, kv, *_), m in
-                                   zip(pre, lengths, strict=True)], lengths, width + min(n_new, DECODE_ROOM))
+                                   zip(pre, lengths, strict=True)], lengths, width + min(n_new, DECODE_ROOM),
+                                  self._arena)
             # (B, V) raw logits of each row's current position, and the position of its next token
             logits = torch.stack([lg[a] for (lg, *_), a in zip(pre, taken, strict=True)])
             positions = torch.tensor([m + d for (_, _, _, d, _, _), m in zip(pre, lengths, strict=True)],
