@@ -235,8 +235,8 @@ DECODE_ROOM = 32  # positions a batch's decoding cache holds beyond its longest 
 class _Arena:
     """One reusable block of memory for the batch KV buffers. A batch's buffers are tens of MB; allocated fresh
     for every batch, their pages were faulted in anew each time (the largest part of building the cache).
-    Buffers carved from the arena are valid until the next :meth:`take` cycle, i.e. for one batch (batches
-    run one at a time on the backend's model thread)."""
+    Buffers carved from the arena are valid until the next :meth:`start`, i.e. for one batch (batches run one
+    at a time on the backend's model thread)."""
 
     def __init__(self) -> None:
         self.block: Any = None
@@ -256,23 +256,21 @@ class _Arena:
 
 
 def _decode_cache(prefills: Sequence[list[tuple[Any, Any]]], lengths: list[int], capacity: int,
-                  arena: _Arena | None = None) -> Any:
+                  arena: _Arena) -> Any:
     """A batch KV cache of ``GrowingLayer`` s (:func:`_growing_layer`): the prompts' per-layer ``(keys,
     values)`` (each (1, H, L_b, D)) left-padded to ``max(lengths)`` in buffers with room for ``capacity``
-    positions (carved from ``arena`` when given)."""
+    positions, carved from ``arena``."""
     from transformers.cache_utils import Cache
 
     width = max(lengths)
     layers = []
     shapes = [((len(prefills), k0.shape[1], capacity, k0.shape[3]), (len(prefills), v0.shape[1], capacity, v0.shape[3]))
               for k0, v0 in prefills[0]]
-    if arena is not None:
-        arena.start(sum(math.prod(a) + math.prod(b) for a, b in shapes), prefills[0][0][0])
-    for li, (k0, v0) in enumerate(prefills[0]):
+    arena.start(sum(math.prod(a) + math.prod(b) for a, b in shapes), prefills[0][0][0])
+    for li, (k_shape, v_shape) in enumerate(shapes):
         # Uninitialised beyond ``width`` (written before it is read); the padding is zeroed, as masked
         # positions must hold finite values (0 × NaN is NaN).
-        kb = arena.take(shapes[li][0]) if arena is not None else k0.new_empty(shapes[li][0])
-        vb = arena.take(shapes[li][1]) if arena is not None else v0.new_empty(shapes[li][1])
+        kb, vb = arena.take(k_shape), arena.take(v_shape)
         for b, (kv, n) in enumerate(zip(prefills, lengths, strict=True)):
             kb[b, :, :width - n] = 0
             vb[b, :, :width - n] = 0

@@ -412,8 +412,8 @@ def _clip(n: Node, top: int, bottom: int) -> None:
 
 # ------------------------------------------------------------------------------------------- XML output
 _BOOL = ("false", "true")
-# characters XML 1.0 cannot carry (C0 controls other than tab/LF/CR, lone surrogates, U+FFFE/U+FFFF): the
-# uiautomator dumper writes "." for them, so a typed control character cannot break the dump
+
+
 def to_xml(root: Node) -> str:
     out: list[str] = ["<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><hierarchy rotation=\"0\">"]
     _write(root, 0, out)
