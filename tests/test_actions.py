@@ -41,6 +41,25 @@ def test_full_response_and_variants():
     assert parse_action("```\ndo(action=\"Home\")\n```").name == "Home"
 
 
+
+@pytest.mark.parametrize(
+    "written, text",
+    [
+        (r'do(action="Type", text="+1 312 555-\2- 0")', "+1 312 555-\\2- 0"),  # was U+0002 (Python's octal)
+        (r'do(action="Type", text="C:\x")', "C:\\x"),  # was a SyntaxError (a truncated \x escape)
+        (r'do(action="Type", text="tab\there \u00e9")', "tab\\there \\u00e9"),
+        (r'do(action="Type", text="a\\b \"q\" \n")', 'a\\b "q" \n'),  # the escapes format_action writes
+        (r"do(action='Type', text='it\'s')", "it's"),
+        (r'do(action="Type", text=r"raw\2\"")', 'raw\\2\\"'),
+    ],
+)
+def test_backslashes_follow_the_grammar_format_action_writes(written, text):
+    """Only \\, \", \' and \n are escapes in an action's string; other backslashes are typed as written."""
+    a = parse_action(written)
+    assert a.text == text
+    assert all(c == "\n" or c >= " " for c in a.text)
+    assert parse_action(format_action(a)) == a
+
 @pytest.mark.parametrize(
     "bad, why",
     [

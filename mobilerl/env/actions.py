@@ -1,6 +1,7 @@
 """The closed action vocabulary (MobileRL Table 5, in AndroidLab's call syntax).
 
-Grammar accepted by :func:`parse_action` (whitespace is free, strings may use ' or "):
+Grammar accepted by :func:`parse_action` (whitespace is free, strings may use ' or "; their only escapes
+are the ones :func:`format_action` writes, ``\\\\ \\" \\n`` and ``\\'``, and any other backslash is itself):
 
     do(action="Tap", element=[x1, y1, x2, y2])    | do(action="Tap", index=i)
     do(action="Long Press", element=[x1, y1, x2, y2])  | do(action="Long Press", index=i)
@@ -173,7 +174,7 @@ def parse_action(text: str) -> Action:
     if not calls:
         raise ActionParseError(f"no do(...) or finish(...) call in {body[:80]!r}")
     try:
-        tree = ast.parse(body, mode="eval")
+        tree = ast.parse(_literal_backslashes(body), mode="eval")
     except SyntaxError as e:
         raise ActionParseError(f"malformed action {body[:80]!r}: {e.msg}") from None
     call = tree.body
@@ -240,6 +241,41 @@ def parse_action(text: str) -> Action:
         dist=kwargs.get("dist"),  # type: ignore[arg-type]
         index=index,  # type: ignore[arg-type]
     )
+
+
+# Inside a string literal, the escapes format_action writes (and \' in a single-quoted one); any other
+# backslash is the character itself, as the model wrote it.
+_ESCAPES = frozenset("\\\"'n")
+
+
+def _literal_backslashes(body: str) -> str:
+    r"""``body`` with each backslash in a string literal that starts none of the escapes :func:`_quote`
+    writes (``\\``, ``\"``, ``\n``; and ``\'``) doubled, so that :mod:`ast` reads the literal in that
+    grammar, not Python's: ``text="555-\2"`` ends in the two characters ``\2``, not in U+0002, and
+    ``text="C:\x"`` is a path, not a truncated ``\x`` escape. Raw literals (``r"..."``) are left as they are."""
+    out: list[str] = []
+    quote, raw, i, n = "", False, 0, len(body)
+    while i < n:
+        c = body[i]
+        if not quote:
+            if c in "\"'":
+                quote, raw = c, i > 0 and body[i - 1] in "rR"
+            out.append(c)
+            i += 1
+        elif c == "\\":
+            nxt = body[i + 1:i + 2]
+            if raw or nxt in _ESCAPES:
+                out.append(body[i:i + 2])  # a raw literal's backslash still keeps a quote from ending it
+                i += 2
+            else:
+                out.append("\\\\")
+                i += 1
+        else:
+            if c == quote:
+                quote = ""
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def _canonical_name(name: str) -> str:
