@@ -1,6 +1,10 @@
 """Evaluate the non-model baselines (oracle, random) on a simulator suite split and print SR + wall time.
 
 .venv/bin/python scripts/eval_baselines.py --suite world --split test --trials 1 --out runs/baselines
+.venv/bin/python scripts/eval_baselines.py --policies oracle --noise 0.1,0.3,0.5   # the expert, slipping
+
+``--noise e1,e2,...`` also runs the oracle with each rate of random per-step errors (``NoisyPolicy``): the
+online success an agent that knows every procedure but does not re-plan gets at a given per-step accuracy.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from mobilerl.agent import OraclePolicy, RandomPolicy
+from mobilerl.agent import NoisyPolicy, OraclePolicy, RandomPolicy
 from mobilerl.env.sim.tasks import list_tasks
 from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
 
@@ -23,6 +27,7 @@ def main() -> None:
     ap.add_argument("--split", default="test")
     ap.add_argument("--policies", default="oracle,random")
     ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--noise", default="", help="comma-separated error rates: oracle@RATE for each")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--perturb", default="default")
     ap.add_argument("--processes", action="store_true", help="one env worker process per slot")
@@ -37,11 +42,15 @@ def main() -> None:
     tasks = list_tasks(args.suite, args.split, with_optimal=not args.no_optimal)
     print(f"{len(tasks)} tasks in {args.suite}/{args.split}, listed in {time.perf_counter() - t0:.1f}s")
     texts = sim_template_texts(tasks)
-    for name in args.policies.split(","):
+    policies = dict(POLICIES)
+    rates = [r for r in args.noise.split(",") if r]
+    for rate in rates:
+        policies[f"oracle@{rate}"] = lambda seed, e=float(rate): NoisyPolicy(OraclePolicy(), e, seed)
+    for name in args.policies.split(",") + [f"oracle@{r}" for r in rates]:
         out = args.out / f"{name}.jsonl" if args.out else None
         t0 = time.perf_counter()
         trajs = evaluate_sync(
-            POLICIES[name],
+            policies[name],
             tasks,
             n_trials=args.trials,
             concurrency=args.concurrency,

@@ -1,6 +1,7 @@
 """Policies and the one multi-turn rollout loop."""
 
 from mobilerl.agent.policy import (
+    NoisyPolicy,
     OraclePolicy,
     Policy,
     PolicyContext,
@@ -13,6 +14,7 @@ from mobilerl.agent.policy import (
 from mobilerl.agent.rollout import rollout
 
 __all__ = [
+    "NoisyPolicy",
     "OraclePolicy",
     "Policy",
     "PolicyContext",

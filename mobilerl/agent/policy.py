@@ -244,6 +244,33 @@ class RandomPolicy:
         return PolicyOutput(format_action(self.sample(ctx)))
 
 
+@dataclass
+class NoisyPolicy:
+    """``inner`` (e.g. the oracle) that slips: at each step, with probability ``noise``, the response is
+    :class:`RandomPolicy`'s instead, and ``inner`` is not asked, so a scripted expert resumes where it was
+    on the next step. How online success falls with the rate of random per-step errors, for an agent that
+    knows every task's procedure but does not re-plan (``scripts/eval_baselines.py --noise``)."""
+
+    inner: Any
+    noise: float
+    seed: int = 0
+    name: str = "noisy"
+    version: str | None = None
+    _rng: random.Random = field(init=False, repr=False)
+    _random: RandomPolicy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise}")
+        self._rng = random.Random(self.seed)
+        self._random = RandomPolicy(seed=self.seed + 1)
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        if self._rng.random() < self.noise:
+            return await self._random.act(ctx)
+        return await self.inner.act(ctx)
+
+
 # ------------------------------------------------------------------------------------ scripted
 
 
