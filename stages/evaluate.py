@@ -15,7 +15,8 @@ each of its suites (trajectories ``<name>__<suite>__sampled.jsonl``; metrics ``d
 Offline step accuracy (AndroidControl-style, high mode, Table 8 rules): each checkpoint also answers every
 step of expert rollouts of ``offline_per_template`` test tasks per template of ``offline_suite``, with the
 expert's history (wrong answers replaced by the expert's); ``data/eval/offline.json``. When every checkpoint
-fails online, this still tells them apart.
+fails online, this still tells them apart. The random baseline is scored on the same steps, as the floor of
+that table (the oracle is not: the steps are its own).
 """
 
 from __future__ import annotations
@@ -251,8 +252,8 @@ def policy_tasks(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig) -> list[
 
 
 def evaluate_offline(name: str, policy: Any, episodes: list, cfg: EvaluateConfig) -> dict[str, Any]:
-    """A checkpoint policy's offline step metrics on ``episodes``, logged to a nested MLflow run
-    ``<name>/offline``."""
+    """A policy's offline step metrics on ``episodes`` (a checkpoint's, or the random baseline's, which answers in
+    pixels), logged to a nested MLflow run ``<name>/offline``."""
     import asyncio
 
     from mobilerl.eval.androidcontrol import run_androidcontrol
@@ -261,7 +262,8 @@ def evaluate_offline(name: str, policy: Any, episodes: list, cfg: EvaluateConfig
         m: dict[str, Any] = {"suite": f"{cfg.offline_suite}/{cfg.split}"}
         for mode in cfg.offline_modes:
             t0 = time.perf_counter()
-            res = asyncio.run(run_androidcontrol(policy, episodes, mode, cfg.model_concurrency, frame=policy.coords))
+            res = asyncio.run(run_androidcontrol(policy, episodes, mode, cfg.model_concurrency,
+                                                 frame=getattr(policy, "coords", "abs")))
             m |= res.metrics | {f"androidcontrol/{mode}/wall_s": time.perf_counter() - t0}
             print(f"evaluate: {name} offline {mode} ({len(episodes)} expert episodes, "
                   f"{m[f'androidcontrol/{mode}/n_steps']} steps): step success "
@@ -327,7 +329,7 @@ def main() -> None:
                 summary.setdefault(name, {})[suite] = run_policy(
                     name, factory, concurrency, policy_tasks(name, tasks, cfg), cfg, f"{name}/{suite}",
                     OUT / "trajectories" / f"{name}__{suite}.jsonl")
-            if name in cfg.checkpoints and episodes:  # the same loaded model, scored step by step
+            if (name in cfg.checkpoints or name == "random") and episodes:  # the same policy, step by step
                 offline[name] = evaluate_offline(name, factory(cfg.seed), episodes, cfg)
         sampled = pass_k_study(cfg, tasks_by_suite)
     write_json(OUT / "summary.json", summary)

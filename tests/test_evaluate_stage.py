@@ -188,3 +188,25 @@ def test_pass_k_study_samples_every_task_n_times(ckpt, tmp_path, monkeypatch):
     for t in map(json.loads, kept):
         by_task.setdefault(t["task_id"], set()).add(tuple(st["response"] for st in t["steps"]))
     assert len(by_task) == 2 and all(len(v) > 1 for v in by_task.values())
+
+
+def test_the_random_baseline_is_scored_offline_as_the_floor(tmp_path, monkeypatch):
+    import contextlib
+    import types
+
+    import stages.evaluate as E
+    from mobilerl.agent import OraclePolicy, RandomPolicy
+    from mobilerl.eval.androidcontrol import from_trajectory
+
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))  # no MLflow store to migrate (~1 min)
+    monkeypatch.setattr(E.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
+    monkeypatch.setattr(E.tracking, "log_metrics", lambda metrics: None)
+    cfg = config(tmp_path, policies=["random"])
+    tasks = [get_task(f"world/test/{t}/0", with_optimal=False)
+             for t in ("ContactsAddContact", "SystemWifiTurnOnOff", "ClockStopWatchRunning", "SmsSendToContact")]
+    episodes = [from_trajectory(t) for t in evaluate_sync(lambda seed: OraclePolicy(), tasks, progress=False)]
+    m = E.evaluate_offline("random", RandomPolicy(0), episodes, cfg)  # a policy without a coords frame
+    n = m["androidcontrol/high/n_steps"]
+    assert n == sum(len(e.actions) for e in episodes) >= 12 and m["mlflow_run_id"] == "r1"
+    assert 0.0 <= m["androidcontrol/high/step_success_rate"] < 0.15  # random taps rarely hit the expert's element
+    assert m["androidcontrol/high/invalid_rate"] == 0.0
