@@ -41,7 +41,6 @@ def test_full_response_and_variants():
     assert parse_action("```\ndo(action=\"Home\")\n```").name == "Home"
 
 
-
 @pytest.mark.parametrize(
     "written, text",
     [
@@ -59,6 +58,7 @@ def test_backslashes_follow_the_grammar_format_action_writes(written, text):
     assert a.text == text
     assert all(c == "\n" or c >= " " for c in a.text)
     assert parse_action(format_action(a)) == a
+
 
 @pytest.mark.parametrize(
     "bad, why",

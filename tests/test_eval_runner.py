@@ -64,25 +64,23 @@ def test_random_scores_near_zero():
     assert 0 < s["lab/ror"] < 1
 
 
-
 def test_a_slipping_expert_loses_success_with_its_error_rate():
     """NoisyPolicy: rate 0 is the oracle, rate 1 is the random policy (the expert is never asked), and
     random slips in between cost success without breaking the run."""
     tasks = sample_world_test(per_template=1, seed=2)
-    sr = {}
-    for e in (0.0, 0.3, 1.0):
-        trajs = evaluate_sync(lambda seed, e=e: NoisyPolicy(OraclePolicy(), e, seed), tasks, concurrency=8,
-                              progress=False)
-        sr[e] = sum(t.success for t in trajs) / len(trajs)
-        if e == 1.0:
-            rnd = evaluate_sync(lambda seed: NoisyPolicy(OraclePolicy(), 1.0, seed), tasks, concurrency=8,
-                                progress=False)
-            assert [t.steps[0].response for t in rnd] == [t.steps[0].response for t in trajs]  # seeded
+
+    def run(e):
+        return evaluate_sync(lambda seed: NoisyPolicy(OraclePolicy(), e, seed), tasks, concurrency=8, progress=False)
+
+    trajs = {e: run(e) for e in (0.0, 0.3, 1.0)}
+    sr = {e: sum(t.success for t in ts) / len(ts) for e, ts in trajs.items()}
     assert sr[0.0] == 1.0
     assert 0.0 < sr[0.3] < 0.9, sr
     assert sr[1.0] <= 0.05, sr
+    assert [t.steps[0].response for t in run(1.0)] == [t.steps[0].response for t in trajs[1.0]]  # seeded
     with pytest.raises(ValueError, match="noise"):
         NoisyPolicy(OraclePolicy(), 1.5)
+
 
 def counter_task(name: str, target: int = 1) -> TaskSpec:
     return TaskSpec(
