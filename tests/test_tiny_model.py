@@ -237,6 +237,28 @@ def test_random_spans_are_well_posed_copy_questions():
     assert 0 < sum(" in: " in q.question for q in mixed) < len(mixed)
 
 
+def test_random_spans_never_ask_a_typed_spans_question_with_another_answer():
+    """data.copy_unambiguous: a random span that starts where a typed span starts gets the same cue
+    (``type after "text:"``) and a shorter answer (cut at the comma or the dot); such spans are skipped."""
+    import random
+
+    from mobilerl.models.pretrain_data import copy_qas, random_spans
+
+    typed = ["kids.md", "Buy stamps, return the library books, pick up dry cleaning"]
+    ins = f"Create a note named {typed[0]} with the following text: {typed[1]}"
+    loose = {s for i in range(20) for s in random_spans(ins, random.Random(i), 99)}
+    assert {"kids", "Buy stamps"} <= loose  # without avoid: the conflicting questions exist
+    for i in range(20):
+        spans = random_spans(ins, random.Random(i), 99, avoid=typed)
+        assert spans and not {"kids", "Buy stamps"} & set(spans)
+        answers: dict[str, set[str]] = {}
+        for q in copy_qas(ins, [*typed, *spans]):
+            answers.setdefault(q.question, set()).add(q.answer)
+        assert all(len(a) == 1 for a in answers.values()), answers
+        assert 'do(action="Type", text="Buy stamps, return the library books, pick up dry cleaning")' in \
+            answers['type after "text:"']
+
+
 def test_well_posed_spans_end_where_the_text_ends_them():
     from mobilerl.models.pretrain_data import random_spans, well_posed_span
 

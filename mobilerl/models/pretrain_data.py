@@ -452,17 +452,25 @@ def instruction_spans(instruction: str, typed: Iterable[str] = ()) -> list[str]:
     return out
 
 
-def random_spans(instruction: str, rng: random.Random, k: int, max_words: int = 8) -> list[str]:
+def random_spans(instruction: str, rng: random.Random, k: int, max_words: int = 8,
+                 avoid: Sequence[str] = ()) -> list[str]:
     """Up to ``k`` random spans of the instruction for extra span-copy practice on every screen: from a
     word (not the first) up to the next punctuation mark or quote, at most ``max_words`` words. Spans end
     where a span an agent types usually ends (a quote, the end of a clause), so the question is
-    well-posed: the cue fixes the start and the text fixes the end."""
+    well-posed: the cue fixes the start and the text fixes the end.
+
+    ``avoid``: spans the agent types (or quoted names) that are asked too. A random span starting where one
+    of them starts would be the same question (:func:`copy_qas` takes the cue from the words before a span's
+    first occurrence) with another answer: ``type after "text:"`` → ``Buy stamps`` (cut at the comma) beside
+    ``Buy stamps, return the library books``. Such spans are skipped."""
+    taken = {instruction.find(a) for a in avoid if a}
     starts = [m.start() for m in re.finditer(r"(?<=\s)[^\s'\"]", instruction)]
     out: list[str] = []
     for at in rng.sample(starts, min(len(starts), 3 * k)):
         m = re.match(r"[^.,;:!?'\"]+", instruction[at:])
         span = m.group(0).strip() if m else ""
-        if span and len(span.split()) <= max_words and span not in out:
+        if (span and len(span.split()) <= max_words and span not in out
+                and instruction.find(span) not in taken):
             out.append(span)
         if len(out) >= k:
             break
@@ -632,6 +640,7 @@ class DataConfig:
     system_style: str = "full"  # policy prompt: style of the system prompt (mobilerl.agent.prompt.PROMPT_STYLES)
     copy_punct: bool = False  # attention supervision on every token of a copied answer, punctuation and spaces too
     copy_well_posed: bool = False  # span-copy questions only where the span ends at punctuation, a quote or the end
+    copy_unambiguous: bool = False  # no random copy span where a typed or quoted span starts (one cue, one answer)
     # Share of sequences that pack several oracle screens' policy turns (the agent's prompt and the expert's
     # next action, each its own chat) up to max_len, instead of one screen with many questions: more
     # next-action examples per token (with prompt: policy only).
@@ -990,7 +999,8 @@ def stream_examples(
         if spans and cfg.novel_spans > 0 and rng.random() < cfg.novel_spans:
             st, spans = with_novel_spans(st, spans, rng, words)
         if cfg.random_spans:
-            spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans) if x not in spans]
+            avoid = spans if cfg.copy_unambiguous else ()
+            spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans, avoid=avoid) if x not in spans]
         if cfg.copy_well_posed:
             spans = [x for x in spans if well_posed_span(st.instruction, x)]
         ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
