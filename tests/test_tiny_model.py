@@ -259,6 +259,28 @@ def test_random_spans_never_ask_a_typed_spans_question_with_another_answer():
             answers['type after "text:"']
 
 
+def test_natural_random_spans_end_where_typed_spans_end():
+    """data.span_ends: natural: a random copy span inside a quote runs to the closing quote (past commas and
+    an apostrophe), elsewhere to punctuation before a space: a file name or an address is whole."""
+    import random
+
+    from mobilerl.models.pretrain_data import natural_span, random_spans, well_posed_span
+
+    ins = ("Rename training.md to zara.fernandez@web.de, then write 'Buy stamps, return Ava's books, pick up "
+           "dry cleaning' in it. Add 8,000 steps")
+    assert natural_span(ins, ins.index("training")) == "training.md to zara.fernandez@web.de"
+    assert natural_span(ins, ins.index("zara")) == "zara.fernandez@web.de"
+    assert natural_span(ins, ins.index("return")) == "return Ava's books, pick up dry cleaning"
+    assert natural_span(ins, ins.index("8,000")) == "8,000 steps"  # the end of the instruction
+    first = {s for i in range(30) for s in random_spans(ins, random.Random(i), 99)}
+    natural = {s for i in range(30) for s in random_spans(ins, random.Random(i), 99, 12, ends="natural")}
+    assert {"training", "zara", "return Ava"} <= first  # the first-punctuation convention cuts them
+    assert not {"training", "zara", "return Ava", "return Ava's books"} & natural
+    assert {"zara.fernandez@web.de", "return Ava's books, pick up dry cleaning", "pick up dry cleaning"} <= natural
+    assert well_posed_span(ins, "return Ava's books, pick up dry cleaning")  # the stream keeps it
+    assert all(len(sp.split()) <= 12 for sp in natural)
+
+
 def test_well_posed_spans_end_where_the_text_ends_them():
     from mobilerl.models.pretrain_data import random_spans, well_posed_span
 

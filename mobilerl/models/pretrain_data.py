@@ -452,8 +452,27 @@ def instruction_spans(instruction: str, typed: Iterable[str] = ()) -> list[str]:
     return out
 
 
+# Where a span ends under ``span_ends: natural``: a punctuation mark before a space or the end (not the dot of
+# ``training.md`` or the comma of ``8,000``), or a quote that is not an apostrophe between letters (``Ava's``).
+_NATURAL_END = re.compile(r"""[.,;:!?](?=\s|$)|(?<![A-Za-z])['"]|['"](?![A-Za-z])""")
+# A quoted string that may hold apostrophes between letters ('Ava's Pixel'), unlike _QUOTED.
+_QUOTED_NATURAL = re.compile(r"""(?:^|(?<=\s))(['"])((?:(?!\1)[^'"]|(?<=[A-Za-z])'(?=[A-Za-z])){1,160})\1(?=[\s.,;:!?)]|$)""")
+
+
+def natural_span(instruction: str, at: int) -> str:
+    """The span from ``at`` to where a span the expert types would end: inside a quoted string, its closing
+    quote (past commas: ``'Buy stamps, return the library books'``); elsewhere the first punctuation mark
+    followed by a space, a quote, or the end of the instruction (``training.md``, ``zara.fernandez@web.de``
+    whole)."""
+    for m in _QUOTED_NATURAL.finditer(instruction):
+        if m.start(2) <= at < m.end(2):
+            return instruction[at:m.end(2)].strip()
+    m = _NATURAL_END.search(instruction, at)
+    return instruction[at:m.start() if m else len(instruction)].strip()
+
+
 def random_spans(instruction: str, rng: random.Random, k: int, max_words: int = 8,
-                 avoid: Sequence[str] = ()) -> list[str]:
+                 avoid: Sequence[str] = (), ends: Literal["first", "natural"] = "first") -> list[str]:
     """Up to ``k`` random spans of the instruction for extra span-copy practice on every screen: from a
     word (not the first) up to the next punctuation mark or quote, at most ``max_words`` words. Spans end
     where a span an agent types usually ends (a quote, the end of a clause), so the question is
@@ -462,13 +481,20 @@ def random_spans(instruction: str, rng: random.Random, k: int, max_words: int = 
     ``avoid``: spans the agent types (or quoted names) that are asked too. A random span starting where one
     of them starts would be the same question (:func:`copy_qas` takes the cue from the words before a span's
     first occurrence) with another answer: ``type after "text:"`` → ``Buy stamps`` (cut at the comma) beside
-    ``Buy stamps, return the library books``. Such spans are skipped."""
+    ``Buy stamps, return the library books``. Such spans are skipped.
+
+    ``ends="natural"``: spans end as the spans an agent types do (:func:`natural_span`), not at the first
+    punctuation mark, so the convention of random spans does not teach a copy to stop inside a list or a
+    file name."""
     taken = {instruction.find(a) for a in avoid if a}
     starts = [m.start() for m in re.finditer(r"(?<=\s)[^\s'\"]", instruction)]
     out: list[str] = []
     for at in rng.sample(starts, min(len(starts), 3 * k)):
-        m = re.match(r"[^.,;:!?'\"]+", instruction[at:])
-        span = m.group(0).strip() if m else ""
+        if ends == "natural":
+            span = natural_span(instruction, at)
+        else:
+            m = re.match(r"[^.,;:!?'\"]+", instruction[at:])
+            span = m.group(0).strip() if m else ""
         if (span and len(span.split()) <= max_words and span not in out
                 and instruction.find(span) not in taken):
             out.append(span)
@@ -641,6 +667,9 @@ class DataConfig:
     copy_punct: bool = False  # attention supervision on every token of a copied answer, punctuation and spaces too
     copy_well_posed: bool = False  # span-copy questions only where the span ends at punctuation, a quote or the end
     copy_unambiguous: bool = False  # no random copy span where a typed or quoted span starts (one cue, one answer)
+    span_ends: Literal["first", "natural"] = "first"  # random copy spans end at the first punctuation mark, or
+    # where typed spans do (natural: a quoted string at its closing quote, elsewhere punctuation before a space)
+    span_words: int = 8  # longest random copy span, in words
     # Share of sequences that pack several oracle screens' policy turns (the agent's prompt and the expert's
     # next action, each its own chat) up to max_len, instead of one screen with many questions: more
     # next-action examples per token (with prompt: policy only).
@@ -1000,7 +1029,8 @@ def stream_examples(
             st, spans = with_novel_spans(st, spans, rng, words)
         if cfg.random_spans:
             avoid = spans if cfg.copy_unambiguous else ()
-            spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans, avoid=avoid) if x not in spans]
+            spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid,
+                                                       ends=cfg.span_ends) if x not in spans]
         if cfg.copy_well_posed:
             spans = [x for x in spans if well_posed_span(st.instruction, x)]
         ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
