@@ -178,3 +178,20 @@ def test_greedy_policy_answers_a_repeated_prompt_from_memory_and_sampling_does_n
     for _ in range(2):
         asyncio.run(off.act(ctx))
     assert off.backend.calls == 2
+
+
+def test_a_stuck_greedy_agent_is_answered_from_memory_once_its_history_window_is_full():
+    """An agent repeating one action on an unchanged screen: with a history window of 4, the prompts of steps 6,
+    7, ... equal step 5's (the window does not number steps from the episode's start), so a greedy policy calls
+    the model 6 times for 10 steps and records the same trajectory as without reuse."""
+    task = TaskSpec(task_id="fake/test/Counter/9", suite="fake", split="test", template="Counter",
+                    instruction="Tap Add nine times, then finish", complexity=1.0)  # 10 responses at most
+    trajs = {}
+    for reuse in (True, False):
+        policy = ModelPolicy(_Counting('<answer>do(action="Back")</answer>'), obs_mode="xml", max_history=4,
+                             sampling=SamplingConfig(temperature=0), reuse_greedy=reuse)
+        trajs[reuse] = asyncio.run(rollout(ThreadEnv(CounterEnv()), policy, task))
+        assert trajs[reuse].n_steps == 10
+        assert policy.backend.calls == (6 if reuse else 10) and policy.reused == (4 if reuse else 0)
+    assert [s.response for s in trajs[True].steps] == [s.response for s in trajs[False].steps]
+    assert [s.xml_compressed for s in trajs[True].steps] == [s.xml_compressed for s in trajs[False].steps]

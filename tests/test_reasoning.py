@@ -161,7 +161,7 @@ def test_reasoning_records_carry_the_kept_explanations_in_their_histories(trajs)
     assert f"Step 1: {first[2]['content']}" in user  # an explained step shows its explanation
     assert f"Step 2: <answer>{ep[1].action}</answer>" in user  # an unexplained one its bare answer
     last_only = reasoning_records([ep], explained, PromptFormat("xml", "compact", 1))[1]["messages"][1]["content"]
-    assert "Step 2:" in last_only and "Step 1:" not in last_only
+    assert "(the last 1):\nStep 1: <answer>" in last_only and "Step 2:" not in last_only
     # the SFT dataset's action_weights carry over: a Launch step weighted 3 appears three times
     weighted = reasoning_records([ep], explained, fmt, {"Launch": 3.0, "Finish": 0.0})
     assert len(weighted) == 4 and weighted[:3] == [recs[0]] * 3 and weighted[3] == recs[1]

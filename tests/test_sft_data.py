@@ -33,8 +33,13 @@ def test_prompt_format_is_deterministic_and_complete():
     assert PR.IMAGE_TOKEN not in PR.user_prompt("t", (), "x", mode="xml")
     assert "Screen elements" not in PR.user_prompt("t", (), "x", mode="screenshot")
     assert "Previous actions: none" in PR.user_prompt("t")
-    last = PR.user_prompt("t", hist, max_history=1)
-    assert "Step 2:" in last and "Step 1:" not in last
+    last = PR.user_prompt("t", hist, max_history=1)  # the window is numbered from 1, under its own header
+    assert "Previous actions (the last 1):\nStep 1: <answer>do(action=\"Tap\"" in last and "Launch" not in last
+    # a window of the last N does not say how long the episode is: one action repeated on one screen
+    # gives the same prompt at step 6 and step 7 (a greedy policy answers it from memory)
+    stuck = [hist[0]] + [hist[1]] * 6
+    assert PR.user_prompt("t", stuck[:5], "x", max_history=4) == PR.user_prompt("t", stuck[:6], "x", max_history=4)
+    assert PR.user_prompt("t", stuck[:4], "x", max_history=4) != PR.user_prompt("t", stuck[:5], "x", max_history=4)
     with pytest.raises(ValueError, match="observation mode"):
         PR.user_prompt("t", mode="video")
     assert PR.build_messages("t") == PR.build_messages("t")  # pure

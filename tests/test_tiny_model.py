@@ -490,7 +490,8 @@ def test_next_action_turn_is_the_policy_prompt_exactly(states):
         screen = render_screen(st.nodes, st.width, st.height, cfg.coords, False)
         assert user["content"] == prompt.user_prompt(st.instruction, history_responses(st, cfg.coords), screen,
                                                      app=st.app, mode="xml", max_history=2)
-        assert "Step 1:" not in user["content"] and f"Step {len(st.history)}:" in user["content"]
+        assert "Previous actions (the last 2):" in user["content"] and "Step 2:" in user["content"]
+        assert "Step 3:" not in user["content"]
         assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, cfg.coords, cfg.grounding)}</answer>"
         assert all(not m["content"].startswith("Task:") for m in ex.messages[3::2])  # later turns: question only
 

@@ -13,9 +13,10 @@ Greedy reuse: at ``temperature=0`` a response depends on its prompt alone, so a 
 has already answered in the same episode (an agent stuck on one screen repeating one action) from memory
 instead of generating again: the same text and logprobs, no model call. The env is still stepped; the
 trajectory is the one the model would have produced. Screenshot modes are always generated. The prompt must
-repeat exactly, history included. The prompt module numbers its history lines (``Step N: …``), so two steps of
-one episode share a prompt only when no history is shown (``max_history=0``); with any history, reuse never
-fires, and what consecutive prompts share is saved by the HF backend's prefix cache instead.
+repeat exactly, history included: the prompt module numbers a history window of the last ``max_history``
+responses within the window, so once an agent has repeated one action ``max_history`` times on a screen that
+does not change, every further step is the same prompt (on the simulator, until its status-bar clock turns
+a minute). With the whole history shown (``max_history=None``) no two prompts of an episode are equal.
 
 Seeds: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
 ``stable_seed(sampling.seed, e, t)``, so an episode's responses do not depend on which other episodes

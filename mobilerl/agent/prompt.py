@@ -16,7 +16,9 @@ screens), and the current screen. One step is one chat::
                <answer>do(...)</answer>                     (reasoning-free data)
 
 Previous responses are repeated verbatim (their ``<think>`` included), oldest first; ``max_history`` keeps
-only the last N. The frame (``coords``) says how the screen lines place elements and how actions name them:
+only the last N, numbered within the window under ``Previous actions (the last N):``. The window's numbers
+do not say how many steps came before it, so an agent that repeats one action on an unchanged screen sees the
+same prompt again, and a greedy policy answers it from memory (:class:`~mobilerl.agent.model_policy.ModelPolicy`). The frame (``coords``) says how the screen lines place elements and how actions name them:
 
 - ``"abs"`` (the paper's): bounds and ``element=[x1,y1,x2,y2]`` in absolute screen pixels;
 - ``"rel"``: both on the harness' 0-999 grid (a tokenizer with one token per integer 0-999);
@@ -245,13 +247,13 @@ def user_prompt(
     _check_coords(coords)
     lines = [f"Task: {instruction.strip()}"]
     past = list(history)
-    first = 1
+    header = "Previous actions:"
     if max_history is not None and len(past) > max_history:
-        first = len(past) - max_history + 1
         past = past[len(past) - max_history:] if max_history > 0 else []
+        header = f"Previous actions (the last {len(past)}):"
     if past:
-        lines.append("Previous actions:")
-        lines.extend(f"Step {first + i}: {h.strip()}" for i, h in enumerate(past))
+        lines.append(header)
+        lines.extend(f"Step {i + 1}: {h.strip()}" for i, h in enumerate(past))
     else:
         lines.append("Previous actions: none")
     if app:
