@@ -178,16 +178,18 @@ def peak_rss_mb(who: int) -> float:
 
 def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int = 1,
                     processes: int | None = None, concurrency: int | None = None,
-                    env_threads: bool = False) -> dict[str, Any]:
+                    env_threads: bool = False, reuse: bool = True, responses: Path | None = None
+                    ) -> dict[str, Any]:
     """The ``evaluate`` stage's policy ``name`` over all of world/test (every ``every``-th task), n = 1: wall
     time and what it did. ``backend``: backend settings over the profile's (e.g. ``dtype``); ``processes``:
     worker processes instead of ``evaluate.model_processes`` (1: this process), ``concurrency``: episodes in
     flight (per process) instead of the stage's; ``env_threads``: the simulator in threads, as before it ran on
-    the event loop (``evaluate(inline_env=False)``)."""
+    the event loop (``evaluate(inline_env=False)``); ``reuse``: ``evaluate.reuse_greedy`` (False: every step
+    generated); ``responses``: write each episode's responses there (JSON lines), to compare two runs."""
     from stages.common import load_params
     from stages.evaluate import EvaluateConfig, checkpoint_policy, run_checkpoint
 
-    cfg = load_params("evaluate", EvaluateConfig)
+    cfg = load_params("evaluate", EvaluateConfig).model_copy(update={"reuse_greedy": reuse})
     if name not in cfg.checkpoints:
         raise SystemExit(f"--full: {name!r} is not under evaluate.checkpoints in params.yaml")
     n_proc = processes or cfg.model_processes
@@ -200,7 +202,8 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
         wall = time.perf_counter() - t0
         steps = sum(len(t.steps) for t in trajs)
         success = sum(t.success for t in trajs)
-        return {"policy": name, "processes": n_proc, "backend": backend or {}, "env_threads": env_threads,
+        save_responses(trajs, responses)
+        return {"policy": name, "processes": n_proc, "reuse_greedy": reuse, "backend": backend or {}, "env_threads": env_threads,
                 "tasks": len(tasks), "success": success,
                 "episodes": len(trajs), "steps": steps, "success_rate": round(success / len(trajs), 4),
                 "errors": sum(t.error is not None for t in trajs),
@@ -213,11 +216,13 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     trajs = evaluate_sync(policy.with_seed, tasks, concurrency=conc, perturb=cfg.perturb,
                           base_seed=cfg.seed, progress=True, inline_env=not env_threads)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    save_responses(trajs, responses)
     steps = sum(len(t.steps) for t in trajs)
     stats = policy.backend.stats
     new_tokens = sorted(len(s.logprobs or []) for t in trajs for s in t.steps)
     success = sum(t.success for t in trajs)
-    return {"policy": name, "dtype": str(policy.backend.model.dtype).removeprefix("torch."), "tasks": len(tasks),
+    return {"policy": name, "reuse_greedy": reuse,
+            "dtype": str(policy.backend.model.dtype).removeprefix("torch."), "tasks": len(tasks),
             "success": success, "episodes": len(trajs), "steps": steps,
             "model_calls": stats.items, "success_rate": round(success / len(trajs), 4),
             "errors": sum(t.error is not None for t in trajs), "concurrency": conc, "processes": 1,
@@ -228,6 +233,14 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
             "new_tokens_mean": round(statistics.mean(new_tokens), 1) if new_tokens else 0,
             "new_tokens_p99": new_tokens[int(0.99 * (len(new_tokens) - 1))] if new_tokens else 0,
             "new_tokens_max": new_tokens[-1] if new_tokens else 0}
+
+
+def save_responses(trajs: list, path: Path | None) -> None:
+    """Each episode's task id, success and responses, one JSON line an episode, sorted by task id."""
+    if path is not None:
+        rows = sorted((t.task_id, t.trial, t.success, [s.response for s in t.steps]) for t in trajs)
+        path.write_text("".join(json.dumps(dict(zip(("task_id", "trial", "success", "responses"), r, strict=True)))
+                                + "\n" for r in rows))
 
 
 def compare_dtypes(ckpt: Path, contexts: list[PolicyContext], dtypes: list[str], settings: dict[str, Any],
@@ -290,6 +303,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--env-threads", action="store_true",
                     help="with --full: run the simulator's calls in threads (evaluate(inline_env=False)), not inline")
     ap.add_argument("--full-every", type=int, default=1, help="with --full: every N-th world/test task")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="with --full: generate every step (evaluate.reuse_greedy off), the baseline of the reuse")
+    ap.add_argument("--responses", type=Path, default=None,
+                    help="with --full: write every episode's responses here (JSON lines) to compare two runs")
     ap.add_argument("--processes", type=int, default=None,
                     help="with --full: worker processes (default: evaluate.model_processes; 1: this process)")
     ap.add_argument("--dtypes", default=None,
@@ -311,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
                 over[key] = json.loads(value)
             except json.JSONDecodeError:
                 over[key] = value
-        res = full_world_test(args.full, over, args.full_every, args.processes, args.concurrency, args.env_threads)
+        res = full_world_test(args.full, over, args.full_every, args.processes, args.concurrency, args.env_threads,
+                              reuse=not args.no_reuse, responses=args.responses)
         print("full world/test:", json.dumps(res), flush=True)
         if args.out:
             args.out.write_text(json.dumps(res, indent=1) + "\n")

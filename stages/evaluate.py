@@ -84,6 +84,10 @@ class EvaluateConfig(StageConfig):
                              "with its own env pool and torch threads (cores / N). On 2 cores, 2 processes run the "
                              "simulator and each model's Python-bound decoding side by side (docs/evaluation.md).")
     seed: int = Field(0, description="Base seed of the policies' sampling.")
+    reuse_greedy: bool = Field(
+        True, description="At temperature 0, a checkpoint policy answers a prompt it already answered in the same "
+                          "episode from memory (an agent repeating one action on an unchanged screen): the same "
+                          "trajectory, fewer model calls (mobilerl.agent.model_policy).")
     offline_suite: Literal["world", "lab"] = Field("world", description="Suite of the offline step evaluation.")
     offline_per_template: int = Field(
         1, ge=0, description="Expert-rolled test tasks per template scored step by step (0: no offline evaluation).")
@@ -189,7 +193,7 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
                               seed=cfg.seed)
     return ModelPolicy(backend, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
                        reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style,
-                       coords=g.coords)
+                       coords=g.coords, reuse_greedy=cfg.reuse_greedy)
 
 
 def checkpoint_factory(name: str, cfg: dict[str, Any], root: str,
