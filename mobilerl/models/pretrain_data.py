@@ -1029,8 +1029,8 @@ def stream_examples(
             st, spans = with_novel_spans(st, spans, rng, words)
         if cfg.random_spans:
             avoid = spans if cfg.copy_unambiguous else ()
-            spans += [x for x in random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid,
-                                                       ends=cfg.span_ends) if x not in spans]
+            extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
+            spans += [x for x in extra if x not in spans]
         if cfg.copy_well_posed:
             spans = [x for x in spans if well_posed_span(st.instruction, x)]
         ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
