@@ -6,6 +6,7 @@
 # "Recipes measured on a GPU").
 #
 #   bash scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]       # MINUTES: each run's clock budget (default 6)
+#   VARIANTS=spans PROBE=1 DATA_WORKERS=1 bash scripts/gpu_pretrain_sweep.sh OUT_DIR 6   # the span-copy set
 #
 # Collects the train-split screens once (16 processes), then trains every variant below in its own process
 # (train.device=cuda, 2 data workers each), each with the released base's tokenizer so that the figures
@@ -50,12 +51,15 @@ run() {  # name, then profile overrides
     --set train.max_minutes=$MIN --set train.save_every_minutes=1000 \
     --set "train.probe_kinds=[ground,read,copy,type,act]" "$@" >"$w/log.txt.out" 2>&1
   # at most 16 MiB a file comes back: a wider model is probed here and comes back without its weights;
-  # the released shape comes back whole, to be probed (and fine-tuned) on the CPU machine
-  if [ "$(du -m "$w/model/model.safetensors" | cut -f1)" -gt 12 ]; then
-    $PY scripts/probe_tiny_base.py --model "$w/model" --states "$STATES" --device "$DEV" --threads 1 --json \
-      >"$w/probe.json" 2>>"$w/log.txt.out"
-    rm "$w/model/model.safetensors"
+  # the released shape comes back whole, to be probed (and fine-tuned) on the CPU machine. PROBE=1 gives
+  # every model the release probe here (probe.json, and the scored items in probe_rows.jsonl)
+  local big=0
+  [ "$(du -m "$w/model/model.safetensors" | cut -f1)" -gt 12 ] && big=1
+  if [ "$big" = 1 ] || [ -n "${PROBE:-}" ]; then
+    timeout "${PROBE_S:-600}" $PY scripts/probe_tiny_base.py --model "$w/model" --states "$STATES" --device "$DEV" --threads 1 --json \
+      --rows "$w/probe_rows.jsonl" >"$w/probe.json" 2>>"$w/log.txt.out"
   fi
+  [ "$big" = 1 ] && rm "$w/model/model.safetensors"
   rm -f "$w/last.pt"
   tar czf "$OUT/$name.tgz" -C "$WORK" "$name"
   echo "$name: $(grep -h '"steps"' "$w/log.txt" | tail -1 | cut -c1-400)"
@@ -70,6 +74,15 @@ if [ "$VARIANTS" = all ]; then
   run w256_pack5_x4 --set model.hidden_size=256 --set model.num_hidden_layers=4 --set model.num_attention_heads=8 \
     --set model.num_key_value_heads=8 --set model.intermediate_size=768 --set data.act_pack=0.5 \
     --set train.max_steps=32000 --set train.probe_every=1000 &
+elif [ "$VARIANTS" = spans ]; then
+  # span copy (issue 4): the released recipe against natural span ends, two seeds each, beside more
+  # novel spans and a fourth layer (2026-11-28)
+  run ctl0 &
+  run ctl1 --set train.seed=1 &
+  run nat0 --set data.span_ends=natural --set data.span_words=12 &
+  run nat1 --set data.span_ends=natural --set data.span_words=12 --set train.seed=1 &
+  run nov7 --set data.novel_spans=0.7 &
+  run L4 --set model.num_hidden_layers=4 &
 else
   # smoke test: VARIANTS=smoke, a few steps of one variant
   run smoke --set data.act_pack=0.5 --set train.stop_step=${SMOKE_STEPS:-20} --set train.probe_items=5 &
