@@ -358,6 +358,30 @@ def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(s
     assert with_novel_spans(st, [], random.Random(0), words)[0] is st
 
 
+def test_novel_random_renews_the_random_copy_spans_too(states):
+    """data.novel_random: in the novel_spans share the random copy spans are renewed with the typed ones, so no
+    copy answer of such a sequence is a phrase of the train instruction (one that could be recalled); without
+    it, random spans over the instruction's other words keep their real text."""
+    import random
+
+    from mobilerl.models.pretrain_data import DataConfig, copy_spans, typed_texts, word_pool
+
+    typed, words = typed_texts(states), word_pool(states)
+    real = {True: 0, False: 0}
+    for novel_random in (False, True):
+        cfg = DataConfig(random_spans=3, novel_spans=1.0, span_ends="natural", span_words=12,
+                         novel_random=novel_random)
+        rng = random.Random(0)
+        for st in states[:60]:
+            new, spans = copy_spans(st, typed.get(st.task_id, ()), rng, cfg, words)
+            assert all(x in new.instruction for x in spans)
+            # a copy answer with a word of 3+ letters that is still the original instruction's text
+            real[novel_random] += sum(1 for x in spans if any(len(w) > 2 and w.isalpha() for w in x.split())
+                                      and x in st.instruction)
+    assert real[False] > 20
+    assert real[True] <= real[False] // 10
+
+
 def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
     from mobilerl.models.pretrain import TrainConfig, lr_at
 

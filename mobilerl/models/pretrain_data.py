@@ -670,6 +670,7 @@ class DataConfig:
     span_ends: Literal["first", "natural"] = "first"  # random copy spans end at the first punctuation mark, or
     # where typed spans do (natural: a quoted string at its closing quote, elsewhere punctuation before a space)
     span_words: int = 8  # longest random copy span, in words
+    novel_random: bool = False  # in the novel_spans share, the random copy spans' words are renewed too
     # Share of sequences that pack several oracle screens' policy turns (the agent's prompt and the expert's
     # next action, each its own chat) up to max_len, instead of one screen with many questions: more
     # next-action examples per token (with prompt: policy only).
@@ -1024,18 +1025,43 @@ def stream_examples(
             st = states[rng.randrange(len(states))]
         if not st.nodes:
             continue
-        spans = instruction_spans(st.instruction, typed.get(st.task_id, ()))
+        st, spans = copy_spans(st, typed.get(st.task_id, ()), rng, cfg, words)
+        if cfg.copy_well_posed:
+            spans = [x for x in spans if well_posed_span(st.instruction, x)]
+        ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
+        if ex.messages:
+            yield ex
+
+
+def copy_spans(st: ScreenState, typed: Sequence[str], rng: random.Random, cfg: DataConfig,
+               words: Sequence[str]) -> tuple[ScreenState, list[str]]:
+    """The screen (with its spans renewed where ``cfg.novel_spans`` draws it) and the instruction spans its
+    copy questions ask: the typed and quoted spans, then ``cfg.random_spans`` random ones.
+
+    By default the random spans are drawn after the renewal, from the instruction as the sequence shows it, so
+    a random span over words that are no typed span (``Preheat the oven``) is the train task's own text on every
+    screen of its episode, and can be recalled. ``cfg.novel_random`` draws them first and renews them with the
+    typed spans, so in the ``novel_spans`` share no copy answer is a phrase of a train instruction."""
+    spans = instruction_spans(st.instruction, typed)
+    if not cfg.novel_random:
         if spans and cfg.novel_spans > 0 and rng.random() < cfg.novel_spans:
             st, spans = with_novel_spans(st, spans, rng, words)
         if cfg.random_spans:
             avoid = spans if cfg.copy_unambiguous else ()
             extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
             spans += [x for x in extra if x not in spans]
-        if cfg.copy_well_posed:
-            spans = [x for x in spans if well_posed_span(st.instruction, x)]
-        ex = build_example(st, rng, cfg, progress() if progress else 1.0, spans=spans)
-        if ex.messages:
-            yield ex
+        return st, spans
+    novel = cfg.novel_spans > 0 and rng.random() < cfg.novel_spans
+    if cfg.random_spans:
+        avoid = spans if cfg.copy_unambiguous else ()
+        extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
+        spans += [x for x in extra if x not in spans]
+    if novel:
+        # overlapping spans: the longer is renewed first, so a shorter one inside it is no longer in the
+        # instruction, and its question is dropped
+        st, spans = with_novel_spans(st, spans, rng, words)
+        spans = [x for x in spans if x and x in st.instruction]
+    return st, spans
 
 
 ACT_PACK_DRAW = 4  # screens drawn per packed sequence; encode() keeps the whole chats that fit in max_len
