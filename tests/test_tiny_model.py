@@ -372,14 +372,32 @@ def test_novel_random_renews_the_random_copy_spans_too(states):
         cfg = DataConfig(random_spans=3, novel_spans=1.0, span_ends="natural", span_words=12,
                          novel_random=novel_random)
         rng = random.Random(0)
-        for st in states[:60]:
+        for st in states:
             new, spans = copy_spans(st, typed.get(st.task_id, ()), rng, cfg, words)
             assert all(x in new.instruction for x in spans)
+            if new.action:  # still an action: no span renewed inside its syntax
+                parse_action(new.action)
             # a copy answer with a word of 3+ letters that is still the original instruction's text
             real[novel_random] += sum(1 for x in spans if any(len(w) > 2 and w.isalpha() for w in x.split())
                                       and x in st.instruction)
     assert real[False] > 20
     assert real[True] <= real[False] // 10
+
+
+def test_novel_random_leaves_words_of_the_actions_syntax_alone():
+    """A random copy span that is also a word of the expert's action or the history (`app`, `text`) keeps its
+    words under data.novel_random: renewing it everywhere would rewrite do(action=..., app=...) itself."""
+    import random
+
+    from mobilerl.models.pretrain_data import DataConfig, ScreenState, copy_spans
+
+    st = ScreenState(task_id="world/train/x/0", instruction="Open Messages, app, text.", app="Home", width=1080,
+                     height=2400, nodes=(), action='do(action="Launch", app="Messages")',
+                     history=('do(action="Type", text="hi")',))
+    cfg = DataConfig(random_spans=3, novel_spans=1.0, span_ends="natural", novel_random=True)
+    new, spans = copy_spans(st, (), random.Random(0), cfg, ["Bird", "cloud"])
+    assert {"app", "text"} <= set(spans) and new.instruction == st.instruction
+    assert parse_action(new.action).app == "Messages" and new.history == st.history
 
 
 def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():

@@ -1052,16 +1052,22 @@ def copy_spans(st: ScreenState, typed: Sequence[str], rng: random.Random, cfg: D
             spans += [x for x in extra if x not in spans]
         return st, spans
     novel = cfg.novel_spans > 0 and rng.random() < cfg.novel_spans
+    extra: list[str] = []
     if cfg.random_spans:
         avoid = spans if cfg.copy_unambiguous else ()
         extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
-        spans += [x for x in extra if x not in spans]
-    if novel:
-        # overlapping spans: the longer is renewed first, so a shorter one inside it is no longer in the
-        # instruction, and its question is dropped
-        st, spans = with_novel_spans(st, spans, rng, words)
-        spans = [x for x in spans if x and x in st.instruction]
-    return st, spans
+        extra = [x for x in extra if x not in spans]
+    if not novel:
+        return st, spans + extra
+    # a random span that also occurs in the expert's action or the history (`text`, `Tap`) keeps its words:
+    # renewing it there would rewrite the actions' syntax, not a span
+    said = " ".join((st.action or "", *st.history, *st.history_marks))
+    renew = spans + [x for x in extra if x not in said]
+    st, renewed = with_novel_spans(st, renew, rng, words)
+    new = dict(zip(renew, renewed, strict=True))
+    # overlapping spans: the longer is renewed first, so a shorter one inside it is no longer in the
+    # instruction, and its question is dropped
+    return st, [y for y in (new.get(x, x) for x in spans + extra) if y and y in st.instruction]
 
 
 ACT_PACK_DRAW = 4  # screens drawn per packed sequence; encode() keeps the whole chats that fit in max_len
