@@ -1042,21 +1042,20 @@ def copy_spans(st: ScreenState, typed: Sequence[str], rng: random.Random, cfg: D
     a random span over words that are no typed span (``Preheat the oven``) is the train task's own text on every
     screen of its episode, and can be recalled. ``cfg.novel_random`` draws them first and renews them with the
     typed spans, so in the ``novel_spans`` share no copy answer is a phrase of a train instruction."""
+    def drawn(st: ScreenState, spans: list[str]) -> list[str]:  # the random spans that are not typed spans
+        if not cfg.random_spans:
+            return []
+        avoid = spans if cfg.copy_unambiguous else ()
+        extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
+        return [x for x in extra if x not in spans]
+
     spans = instruction_spans(st.instruction, typed)
     if not cfg.novel_random:
         if spans and cfg.novel_spans > 0 and rng.random() < cfg.novel_spans:
             st, spans = with_novel_spans(st, spans, rng, words)
-        if cfg.random_spans:
-            avoid = spans if cfg.copy_unambiguous else ()
-            extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
-            spans += [x for x in extra if x not in spans]
-        return st, spans
+        return st, spans + drawn(st, spans)
     novel = cfg.novel_spans > 0 and rng.random() < cfg.novel_spans
-    extra: list[str] = []
-    if cfg.random_spans:
-        avoid = spans if cfg.copy_unambiguous else ()
-        extra = random_spans(st.instruction, rng, cfg.random_spans, cfg.span_words, avoid=avoid, ends=cfg.span_ends)
-        extra = [x for x in extra if x not in spans]
+    extra = drawn(st, spans)
     if not novel:
         return st, spans + extra
     # a random span that also occurs in the expert's action or the history (`text`, `Tap`) keeps its words:
