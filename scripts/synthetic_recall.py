@@ -3,6 +3,7 @@
     .venv/bin/python scripts/synthetic_recall.py repeat --minutes 5           # span SEP span
     .venv/bin/python scripts/synthetic_recall.py recall --minutes 10          # key -> span lookup
     .venv/bin/python scripts/synthetic_recall.py recall --filler 500 --gap 0 --vocab 256
+    .venv/bin/python scripts/synthetic_recall.py recall --attn-sup 0.1 --prev-sup 0.1   # with head supervision
 
 The pretraining's span-copy question (``type after "titled"`` → the words after the cue in the instruction)
 needs a content-addressed lookup: find the cue, copy what follows it. This script separates that skill
@@ -28,6 +29,13 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from mobilerl.models.pretrain import (
+    attention_loss,
+    enable_attention_capture,
+    previous_word_loss,
+    previous_word_targets,
+)
+
 BOS, SEP, DOT, QUERY, EQ, PAD, FIRST = 1, 2, 3, 4, 5, 0, 8  # ids below FIRST are structure tokens
 
 
@@ -41,17 +49,21 @@ def repeat_batch(rng: random.Random, args: argparse.Namespace) -> tuple[list[lis
 
 
 def recall_batch(rng: random.Random, args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
-    xs, labels = [], []
-    for _ in range(args.batch):
+    xs, labels, args.pairs = [], [], []
+    for b in range(args.batch):
         keys = rng.sample(range(FIRST, FIRST + args.vocab), 8)
         spans = [[rng.randrange(FIRST, FIRST + args.vocab) for _ in range(rng.randint(3, 6))] for _ in keys]
-        x = [BOS]
+        x, where = [BOS], []
         for k, s in zip(keys, spans, strict=True):
+            where.append(len(x) + 1)  # the span's first token
             x += [k, *s, DOT]
         x += [rng.randrange(FIRST, FIRST + args.vocab) for _ in range(args.filler)]
         y = [-100] * len(x)
         for j in rng.sample(range(8), 4):
             question = [QUERY, keys[j]] + [EQ] * args.gap
+            # attention-supervision pairs (row, query, key): the position predicting each answer token -> its source
+            first = len(x) + len(question)
+            args.pairs += [(b, first + i - 1, where[j] + i) for i in range(len(spans[j]))]
             x += question + spans[j] + [DOT]
             y += [-100] * len(question) + spans[j] + [DOT]
         xs.append(x)
@@ -73,6 +85,10 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attn-sup", type=float, default=0.0,
+                    help="recall: weight of the pretraining's attention supervision (last layer, head 0, answer -> source)")
+    ap.add_argument("--prev-sup", type=float, default=0.0,
+                    help="weight of the previous-token head supervision (layer 0, head 0; train.prev_sup)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -84,6 +100,9 @@ def main() -> None:
     model = Qwen2ForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     make = repeat_batch if args.task == "repeat" else recall_batch
+    cap_attn = enable_attention_capture(model, -1) if args.attn_sup > 0 else None
+    cap_prev = enable_attention_capture(model, 0) if args.prev_sup > 0 else None
+    blank = torch.zeros(cfg.vocab_size, dtype=torch.bool)  # no whitespace tokens: the previous word is the previous token
     t0, tokens, step = time.time(), 0, 0
     while True:
         step += 1
@@ -94,7 +113,18 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = args.lr * min(1.0, step / 50)
         out = model(input_ids=x, labels=y)
-        out.loss.backward()
+        loss, extra = out.loss, ""
+        scaling = (cfg.hidden_size // cfg.num_attention_heads) ** -0.5
+        if cap_attn is not None:
+            a_loss, a_acc = attention_loss(cap_attn["q"], cap_attn["k"], torch.tensor(args.pairs), 1, scaling)
+            loss = loss + args.attn_sup * a_loss
+            extra += f" attn_acc {a_acc:.2f}"
+        if cap_prev is not None:
+            p_loss, p_acc = previous_word_loss(cap_prev["q"], cap_prev["k"], previous_word_targets(x, blank, PAD), 0,
+                                               scaling)
+            loss = loss + args.prev_sup * p_loss
+            extra += f" prev_acc {p_acc:.2f}"
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
@@ -106,7 +136,7 @@ def main() -> None:
                 acc = (pred[keep] == target[keep]).float().mean().item()
             minutes = (time.time() - t0) / 60
             print(f"step {step} {minutes:.1f} min {tokens / 1e6:.2f}M tokens loss {out.loss.item():.3f} "
-                  f"token acc {acc:.3f}", flush=True)
+                  f"token acc {acc:.3f}{extra}", flush=True)
             if acc > 0.98 or minutes > args.minutes:
                 break
 

@@ -513,6 +513,65 @@ def test_attention_supervision_points_a_head_without_changing_the_forward(states
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_previous_word_targets_skip_split_spaces_and_padding(states):
+    """With split spaces the previous word of ``Noodles`` is ``Peanut``, two tokens back: each target is the
+    nearest earlier token that is not whitespace, never a space, a newline or padding."""
+    from mobilerl.models.pretrain import blank_token_table, previous_word_targets
+
+    split = train_tokenizer(corpus_texts(states), vocab_size=2048, spaces="split")
+    pad = split.pad_token_id
+    rows = [split("Add Spicy Peanut Noodles\nnow, please")["input_ids"], split("a b")["input_ids"]]
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [pad] * (T - len(r)) for r in rows])
+    blank = blank_token_table(split)
+    targets = previous_word_targets(ids, blank, pad)
+    text = [split.decode([i]) for i in rows[0]]
+    assert " " in text and "\n" in text
+    for t in range(1, len(rows[0])):
+        j = int(targets[0, t])
+        assert text[j].strip() and all(not x.strip() for x in text[j + 1:t])
+    assert int(targets[0, 0]) == -1 and (targets[1, len(rows[1]):] == -1).all()
+    i = text.index("Noodles") if "Noodles" in text else None
+    if i is not None:  # a whole word in this vocabulary: its previous word is Peanut's last token
+        assert text[int(targets[0, i])].endswith("anut")
+
+
+def test_previous_word_supervision_points_a_head_without_changing_the_forward(states, processor, tokenizer):
+    from mobilerl.models.pretrain import (
+        blank_token_table,
+        collate,
+        disable_attention_capture,
+        enable_attention_capture,
+        loss_fn,
+    )
+
+    torch.manual_seed(0)
+    model = tiny.build_model(SMALL, tokenizer)
+    cfg = DataConfig(prompt="policy", questions=8, max_len=512, weights={"ground": 1.0, "read": 1.0})
+    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg) for i, st in enumerate(states[:3])]
+    ids_ = tiny.special_ids(tokenizer)
+    ids, w, extra = collate(encs, ids_["pad"], ids_["image"])
+    model.eval()
+    with torch.no_grad():
+        plain, _ = loss_fn(model, ids, w, dict(extra))
+        prev = {"capture": enable_attention_capture(model, 0), "weight": 1.0, "head": 0,
+                "blank": blank_token_table(tokenizer), "pad": ids_["pad"]}
+        with_prev, stats = loss_fn(model, ids, w, dict(extra), {"prev": prev})
+        lm_only, _ = loss_fn(model, ids, w, dict(extra))
+    assert torch.allclose(plain, lm_only) and with_prev > plain and 0.0 <= stats["prev_acc"] < 0.5
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss, stats = loss_fn(model, ids, w, dict(extra), {"prev": prev})
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        first = first or stats
+    assert stats["prev_loss"] < first["prev_loss"] - 1.0 and stats["prev_acc"] > 0.8
+    disable_attention_capture(model)
+
+
 def test_next_action_turn_is_the_policy_prompt_exactly(states):
     """With ``prompt: policy`` the expert's-next-action question (``act``) is asked as the policy itself is
     asked: the first user turn is ``mobilerl.agent.prompt``'s user prompt, no question after it, with the

@@ -73,6 +73,14 @@ class TrainConfig:
     attn_sup: float = 0.0
     attn_sup_layer: int = -1  # which decoder layer (negative: from the top)
     attn_sup_heads: int = 1  # how many of its heads (the first ones)
+    # Previous-word head: weight of a loss that points one head of an early layer, at every position, at the
+    # nearest earlier token that is not whitespace (:func:`previous_word_targets`). With split spaces a word's
+    # previous token is a space, so the copy head's keys carry no "which word came before" unless a head
+    # brings it: the induction step of a span copy (after ``Peanut`` comes ``Noodles``, not another word after
+    # a space) needs it. 0: off. A training signal only, like attn_sup.
+    prev_sup: float = 0.0
+    prev_sup_layer: int = 0  # which decoder layer
+    prev_sup_head: int = 0  # which of its heads
 
 
 @dataclass
@@ -197,23 +205,28 @@ def _capturing_sdpa(module: Any, query: Any, key: Any, *args: Any, **kwargs: Any
     return sdpa_attention_forward(module, query, key, *args, **kwargs)
 
 
+def decoder_layers(model: Any) -> Any:
+    """The text decoder's layers of a Qwen2-VL (``model.model.language_model``) or a plain Qwen2 LM."""
+    inner = model.model
+    return getattr(inner, "language_model", inner).layers
+
+
 def enable_attention_capture(model: Any, layer: int) -> dict[str, Any]:
     """Route the model's attention through :func:`_capturing_sdpa` and mark decoder ``layer``; returns the
-    dict its queries and keys land in on every forward. Outputs are unchanged (it is SDPA)."""
+    dict its queries and keys land in on every forward (the same dict when a layer is marked twice; other
+    marked layers stay marked). Outputs are unchanged (it is SDPA)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(_CAPTURE_ATTN, _capturing_sdpa)
     model.set_attn_implementation(_CAPTURE_ATTN)
-    layers = model.model.language_model.layers
-    for m in layers:
-        m.self_attn._mobilerl_capture = None
-    cap: dict[str, Any] = {}
-    layers[layer].self_attn._mobilerl_capture = cap
-    return cap
+    attn = decoder_layers(model)[layer].self_attn
+    if getattr(attn, "_mobilerl_capture", None) is None:
+        attn._mobilerl_capture = {}
+    return attn._mobilerl_capture
 
 
 def disable_attention_capture(model: Any) -> None:
-    for m in model.model.language_model.layers:
+    for m in decoder_layers(model):
         m.self_attn._mobilerl_capture = None
     model.set_attn_implementation("sdpa")
 
@@ -241,11 +254,50 @@ def attention_loss(q: Any, k: Any, pairs: Any, heads: int, scaling: float) -> tu
     return torch.cat(losses).mean(), hits / max(n, 1)
 
 
+def previous_word_targets(ids: Any, blank: Any, pad_id: int) -> Any:
+    """(B, T) position of the nearest earlier token that is not whitespace (``blank[id]`` False), -1 where
+    there is none and at padding. ``blank``: (vocab,) bool."""
+    import torch
+
+    T = ids.shape[1]
+    pos = torch.arange(T, device=ids.device).expand_as(ids)
+    word = ~blank[ids] & (ids != pad_id)
+    last = torch.where(word, pos, torch.full_like(pos, -1)).cummax(dim=1).values  # nearest word at or before t
+    prev = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=1)  # ... strictly before t
+    return prev.masked_fill(ids == pad_id, -1)
+
+
+def previous_word_loss(q: Any, k: Any, targets: Any, head: int, scaling: float) -> tuple[Any, float]:
+    """Mean NLL of head ``head``'s causal attention on each position's :func:`previous_word_targets`;
+    returns (loss, share of positions whose top-attended position is the target)."""
+    import torch
+
+    qh, kh = q[:, head], k[:, head]  # (B, T, D)
+    scores = torch.einsum("btd,bsd->bts", qh, kh) * scaling
+    T = scores.shape[-1]
+    future = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
+    logp = scores.masked_fill(future, float("-inf")).log_softmax(-1)
+    valid = targets >= 0
+    picked = logp.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1)[valid]
+    with torch.no_grad():
+        acc = float((logp.argmax(-1)[valid] == targets[valid]).float().mean()) if valid.any() else 0.0
+    return -picked.mean(), acc
+
+
+def blank_token_table(tokenizer: Any) -> Any:
+    """(vocab,) bool: which token ids decode to whitespace only (a split space, a newline)."""
+    import torch
+
+    n = len(tokenizer)
+    return torch.tensor([not tokenizer.decode([i]).strip() and bool(tokenizer.decode([i])) for i in range(n)])
+
+
 def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | None = None):
     """Weighted next-token CE over positions with weight > 0; returns (loss, answer stats).
 
     ``attn``: attention supervision, ``{"capture": dict from enable_attention_capture, "weight": float,
-    "heads": int}``; adds ``weight`` × :func:`attention_loss` over ``extra["attn_pairs"]``."""
+    "heads": int}``; adds ``weight`` × :func:`attention_loss` over ``extra["attn_pairs"]``. With a ``"prev"``
+    entry, ``{"capture", "weight", "head", "blank", "pad"}``, also ``weight`` × :func:`previous_word_loss`."""
     import torch
     import torch.nn.functional as F
 
@@ -270,12 +322,19 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | No
             "answer_tokens": int(ans.sum()),
             "weighted_tokens": int(sel.sum()),
         }
-    if attn is not None and pairs is not None and len(pairs):
+    if attn is not None and "capture" in attn and pairs is not None and len(pairs):
         cap = attn["capture"]
         head_dim = cap["q"].shape[-1]
         a_loss, a_acc = attention_loss(cap["q"], cap["k"], pairs, attn["heads"], head_dim ** -0.5)
         loss = loss + attn["weight"] * a_loss
         stats.update({"attn_loss": a_loss.item(), "attn_acc": a_acc, "attn_pairs": int(len(pairs))})
+    prev = (attn or {}).get("prev")
+    if prev is not None:
+        cap = prev["capture"]
+        targets = previous_word_targets(ids, prev["blank"].to(dev), prev["pad"])
+        p_loss, p_acc = previous_word_loss(cap["q"], cap["k"], targets, prev["head"], cap["q"].shape[-1] ** -0.5)
+        loss = loss + prev["weight"] * p_loss
+        stats.update({"prev_loss": p_loss.item(), "prev_acc": p_acc})
     return loss, stats
 
 
@@ -503,11 +562,16 @@ def pretrain(
         log("probe " + " ".join(f"{k}={v:.3f}" for k, v in acc.items() if not k.startswith("n_")))
         return acc
 
-    attn = None
+    attn: dict[str, Any] | None = None
     if cfg.attn_sup > 0:
         attn = {"capture": enable_attention_capture(model, cfg.attn_sup_layer), "weight": cfg.attn_sup,
                 "heads": cfg.attn_sup_heads}
         log(f"attention supervision: weight {cfg.attn_sup}, layer {cfg.attn_sup_layer}, {cfg.attn_sup_heads} head(s)")
+    if cfg.prev_sup > 0:
+        attn = attn or {}
+        attn["prev"] = {"capture": enable_attention_capture(model, cfg.prev_sup_layer), "weight": cfg.prev_sup,
+                        "head": cfg.prev_sup_head, "blank": blank_token_table(tokenizer), "pad": ids_special["pad"]}
+        log(f"previous-word head: weight {cfg.prev_sup}, layer {cfg.prev_sup_layer}, head {cfg.prev_sup_head}")
     model.train()
     last_probe: dict[str, float] = {}
     last = min(cfg.max_steps, cfg.stop_step or cfg.max_steps)
@@ -537,7 +601,8 @@ def pretrain(
             write(row)
             log(f"step {step} {row['minutes']:.1f}min loss {row['loss']:.3f} ans_loss {stats['answer_loss']:.3f} "
                 f"ans_acc {stats['answer_acc']:.3f} {row['tok_per_s']:.0f} tok/s T={ids.shape[1]} B={ids.shape[0]}"
-                + (f" attn_loss {stats['attn_loss']:.3f} attn_acc {stats['attn_acc']:.3f}" if "attn_loss" in stats else ""))
+                + (f" attn_loss {stats['attn_loss']:.3f} attn_acc {stats['attn_acc']:.3f}" if "attn_loss" in stats else "")
+                + (f" prev_acc {stats['prev_acc']:.3f}" if "prev_acc" in stats else ""))
             window, win_tokens, t_win = [], 0, time.time()
         if step % cfg.probe_every == 0:
             last_probe = run_probe()
