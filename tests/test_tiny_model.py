@@ -211,6 +211,38 @@ def test_committed_base_loads_offline_and_reads_screens():
     assert acc["ground"] >= 0.5 and acc["read"] >= 0.3, acc  # release probe: 96.5% / 83.5% (metrics.json); chance ~0
 
 
+_STREAM_DIGEST = """
+import hashlib, itertools, json, sys
+from mobilerl.models.pretrain_data import DataConfig, load_states, stream_examples
+from mobilerl.models.probe import build_items
+states = load_states(sys.argv[1])
+cfg = DataConfig(prompt="policy", questions=12, novel_spans=0.5, random_spans=3, copy_well_posed=True)
+h = hashlib.sha256()
+for ex in itertools.islice(stream_examples(states, cfg, seed=3), 120):
+    h.update(json.dumps(ex.messages, sort_keys=True, default=str).encode())
+for it in build_items(states, cfg, n_per_kind=40, seed=0):
+    h.update(repr(it).encode())
+print(h.hexdigest())
+"""
+
+
+def test_the_data_stream_and_probe_items_do_not_depend_on_the_hash_seed(states, tmp_path):
+    """The same seed gives the same training sequences and probe items in every process: no set order (which
+    PYTHONHASHSEED changes) decides what is asked (it did: a rebuild's stream and the probe's find items)."""
+    import os
+    import subprocess
+    import sys
+
+    save_states(states, tmp_path / "s.jsonl.gz")
+    digests = set()
+    for hs in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": hs}
+        out = subprocess.run([sys.executable, "-c", _STREAM_DIGEST, str(tmp_path / "s.jsonl.gz")], env=env,
+                             capture_output=True, text=True, check=True, cwd=ROOT)
+        digests.add(out.stdout.strip().splitlines()[-1])
+    assert len(digests) == 1
+
+
 def test_random_spans_are_well_posed_copy_questions():
     import random
 

@@ -420,7 +420,7 @@ def _unique_names(nodes: Sequence[UINode]) -> dict[str, int]:
     count: dict[str, int] = {}
     where: dict[str, int] = {}
     for i, n in enumerate(nodes):
-        for p in set(_parts(n.label)):
+        for p in dict.fromkeys(_parts(n.label)):  # ordered: a set's order changes with PYTHONHASHSEED
             count[p] = count.get(p, 0) + 1
             where[p] = i
     return {p: where[p] for p, c in count.items() if c == 1 and 0 < len(p) <= MAX_LABEL_CHARS}
@@ -977,7 +977,7 @@ def with_novel_spans(state: ScreenState, spans: Sequence[str], rng: random.Rando
                 out.append(tok)
         return " ".join(out)
 
-    mapping = {sp: fresh(sp) for sp in sorted(set(spans), key=len, reverse=True) if sp}
+    mapping = {sp: fresh(sp) for sp in sorted(dict.fromkeys(spans), key=len, reverse=True) if sp}
 
     def sub(text: str | None) -> str | None:
         if not text:
