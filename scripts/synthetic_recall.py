@@ -31,6 +31,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mobilerl.models.pretrain import (
     attention_loss,
+    copy_readout_loss,
     enable_attention_capture,
     previous_word_loss,
     previous_word_targets,
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attn-sup", type=float, default=0.0,
                     help="recall: weight of the pretraining's attention supervision (last layer, head 0, answer -> source)")
+    ap.add_argument("--readout", type=float, default=0.0,
+                    help="recall, with --attn-sup: weight of the copy-readout loss (train.copy_readout)")
     ap.add_argument("--prev-sup", type=float, default=0.0,
                     help="weight of the previous-token head supervision (layer 0, head 0; train.prev_sup)")
     args = ap.parse_args()
@@ -119,6 +122,10 @@ def main() -> None:
             a_loss, a_acc = attention_loss(cap_attn["q"], cap_attn["k"], torch.tensor(args.pairs), 1, scaling)
             loss = loss + args.attn_sup * a_loss
             extra += f" attn_acc {a_acc:.2f}"
+            if args.readout > 0:
+                r_loss, r_acc = copy_readout_loss(model, -1, cap_attn["v"], torch.tensor(args.pairs), x)
+                loss = loss + args.readout * r_loss
+                extra += f" readout_acc {r_acc:.2f}"
         if cap_prev is not None:
             p_loss, p_acc = previous_word_loss(cap_prev["q"], cap_prev["k"], previous_word_targets(x, blank, PAD), 0,
                                                scaling)

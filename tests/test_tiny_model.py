@@ -545,6 +545,46 @@ def test_attention_supervision_points_a_head_without_changing_the_forward(states
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_copy_readout_teaches_the_heads_value_path_to_carry_the_copied_token(states, tokenizer, processor):
+    """``train.copy_readout``: what the supervised head writes from a pair's source, read out alone through
+    lm_head, is scored against the copied token; training on it raises that readout's top-1 accuracy, and the
+    model's forward is unchanged by the capture."""
+    from mobilerl.models.pretrain import (
+        collate,
+        copy_readout_loss,
+        disable_attention_capture,
+        enable_attention_capture,
+        loss_fn,
+    )
+
+    torch.manual_seed(0)
+    model = tiny.build_model(SMALL, tokenizer)
+    cfg = DataConfig(prompt="policy", questions=12, max_len=768, weights={"ground": 1.0, "read": 1.0})
+    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg, attn_pairs=True)
+            for i, st in enumerate(states[:4])]
+    ids_ = tiny.special_ids(tokenizer)
+    ids, w, extra = collate(encs, ids_["pad"], ids_["image"])
+    pairs = extra["attn_pairs"]
+    with torch.no_grad():
+        plain, _ = loss_fn(model, ids, w, dict(extra))
+    attn = {"capture": enable_attention_capture(model, -1), "weight": 0.1, "heads": 1, "layer": -1, "readout": 1.0}
+    with torch.no_grad():
+        both, stats = loss_fn(model, ids, w, dict(extra), attn)
+        r_loss, r_acc = copy_readout_loss(model, -1, attn["capture"]["v"], pairs, ids)
+    assert both > plain and stats["readout_acc"] == r_acc and r_acc < 0.2
+    assert attn["capture"]["v"].shape == attn["capture"]["k"].shape
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss, stats = loss_fn(model, ids, w, dict(extra), attn)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        first = first or stats
+    assert stats["readout_loss"] < first["readout_loss"] - 1.0 and stats["readout_acc"] > first["readout_acc"] + 0.3
+    disable_attention_capture(model)
+
+
 def test_previous_word_targets_skip_split_spaces_and_padding(states):
     """With split spaces the previous word of ``Noodles`` is ``Peanut``, two tokens back: each target is the
     nearest earlier token that is not whitespace, never a space, a newline or padding."""

@@ -73,6 +73,10 @@ class TrainConfig:
     attn_sup: float = 0.0
     attn_sup_layer: int = -1  # which decoder layer (negative: from the top)
     attn_sup_heads: int = 1  # how many of its heads (the first ones)
+    # Copy readout: weight of a loss on what the supervised head (its first) writes from a pair's source
+    # position, read out alone through lm_head, against the copied token (:func:`copy_readout_loss`). Needs
+    # attn_sup > 0. 0: off.
+    copy_readout: float = 0.0
     # Previous-word head: weight of a loss that points one head of an early layer, at every position, at the
     # nearest earlier token that is not whitespace (:func:`previous_word_targets`). With split spaces a word's
     # previous token is a space, so the copy head's keys carry no "which word came before" unless a head
@@ -202,6 +206,7 @@ def _capturing_sdpa(module: Any, query: Any, key: Any, *args: Any, **kwargs: Any
     cap = getattr(module, "_mobilerl_capture", None)
     if cap is not None:
         cap["q"], cap["k"] = query, key
+        cap["v"] = args[0] if args else kwargs.get("value")
     return sdpa_attention_forward(module, query, key, *args, **kwargs)
 
 
@@ -252,6 +257,25 @@ def attention_loss(q: Any, k: Any, pairs: Any, heads: int, scaling: float) -> tu
             hits += int((scores.argmax(-1) == kp.unsqueeze(0)).sum())
             n += scores.shape[0] * scores.shape[1]
     return torch.cat(losses).mean(), hits / max(n, 1)
+
+
+def copy_readout_loss(model: Any, layer: int, v: Any, pairs: Any, ids: Any, head: int = 0) -> tuple[Any, float]:
+    """Mean CE of what head ``head`` of decoder ``layer`` writes when it attends a pair's key, read out alone
+    (its value there through the head's slice of ``o_proj``, the final norm and ``lm_head``), against the token
+    the pair's query predicts (the copied token). Attention supervision teaches the head *where* to look; this
+    teaches its value-output path to carry *what* is there into the answer. Returns (loss, top-1 share)."""
+    import torch.nn.functional as F
+
+    attn = decoder_layers(model)[layer].self_attn
+    d = v.shape[-1]
+    w_o = attn.o_proj.weight[:, head * d:(head + 1) * d]  # (hidden, d)
+    inner = model.model
+    norm = getattr(inner, "language_model", inner).norm
+    vals = v[pairs[:, 0], head, pairs[:, 2]]  # (N, d)
+    logits = model.lm_head(norm(vals @ w_o.T))
+    target = ids[pairs[:, 0], pairs[:, 1] + 1]
+    acc = float((logits.argmax(-1) == target).float().mean()) if len(target) else 0.0
+    return F.cross_entropy(logits, target), acc
 
 
 def previous_word_targets(ids: Any, blank: Any, pad_id: int) -> Any:
@@ -328,6 +352,10 @@ def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | No
         a_loss, a_acc = attention_loss(cap["q"], cap["k"], pairs, attn["heads"], head_dim ** -0.5)
         loss = loss + attn["weight"] * a_loss
         stats.update({"attn_loss": a_loss.item(), "attn_acc": a_acc, "attn_pairs": int(len(pairs))})
+        if attn.get("readout", 0) > 0:
+            r_loss, r_acc = copy_readout_loss(model, attn["layer"], cap["v"], pairs, ids)
+            loss = loss + attn["readout"] * r_loss
+            stats.update({"readout_loss": r_loss.item(), "readout_acc": r_acc})
     prev = (attn or {}).get("prev")
     if prev is not None:
         cap = prev["capture"]
@@ -565,8 +593,9 @@ def pretrain(
     attn: dict[str, Any] | None = None
     if cfg.attn_sup > 0:
         attn = {"capture": enable_attention_capture(model, cfg.attn_sup_layer), "weight": cfg.attn_sup,
-                "heads": cfg.attn_sup_heads}
-        log(f"attention supervision: weight {cfg.attn_sup}, layer {cfg.attn_sup_layer}, {cfg.attn_sup_heads} head(s)")
+                "heads": cfg.attn_sup_heads, "layer": cfg.attn_sup_layer, "readout": cfg.copy_readout}
+        log(f"attention supervision: weight {cfg.attn_sup}, layer {cfg.attn_sup_layer}, {cfg.attn_sup_heads} head(s)"
+            + (f", copy readout {cfg.copy_readout}" if cfg.copy_readout else ""))
     if cfg.prev_sup > 0:
         attn = attn or {}
         attn["prev"] = {"capture": enable_attention_capture(model, cfg.prev_sup_layer), "weight": cfg.prev_sup,
@@ -602,7 +631,8 @@ def pretrain(
             log(f"step {step} {row['minutes']:.1f}min loss {row['loss']:.3f} ans_loss {stats['answer_loss']:.3f} "
                 f"ans_acc {stats['answer_acc']:.3f} {row['tok_per_s']:.0f} tok/s T={ids.shape[1]} B={ids.shape[0]}"
                 + (f" attn_loss {stats['attn_loss']:.3f} attn_acc {stats['attn_acc']:.3f}" if "attn_loss" in stats else "")
-                + (f" prev_acc {stats['prev_acc']:.3f}" if "prev_acc" in stats else ""))
+                + (f" prev_acc {stats['prev_acc']:.3f}" if "prev_acc" in stats else "")
+                + (f" readout_acc {stats['readout_acc']:.3f}" if "readout_acc" in stats else ""))
             window, win_tokens, t_win = [], 0, time.time()
         if step % cfg.probe_every == 0:
             last_probe = run_probe()
