@@ -106,6 +106,7 @@ def main() -> None:
     cap_attn = enable_attention_capture(model, -1) if args.attn_sup > 0 else None
     cap_prev = enable_attention_capture(model, 0) if args.prev_sup > 0 else None
     blank = torch.zeros(cfg.vocab_size, dtype=torch.bool)  # no whitespace tokens: the previous word is the previous token
+    scaling = (cfg.hidden_size // cfg.num_attention_heads) ** -0.5
     t0, tokens, step = time.time(), 0, 0
     while True:
         step += 1
@@ -117,13 +118,13 @@ def main() -> None:
             g["lr"] = args.lr * min(1.0, step / 50)
         out = model(input_ids=x, labels=y)
         loss, extra = out.loss, ""
-        scaling = (cfg.hidden_size // cfg.num_attention_heads) ** -0.5
         if cap_attn is not None:
-            a_loss, a_acc = attention_loss(cap_attn["q"], cap_attn["k"], torch.tensor(args.pairs), 1, scaling)
+            pairs = torch.tensor(args.pairs)
+            a_loss, a_acc = attention_loss(cap_attn["q"], cap_attn["k"], pairs, 1, scaling)
             loss = loss + args.attn_sup * a_loss
             extra += f" attn_acc {a_acc:.2f}"
             if args.readout > 0:
-                r_loss, r_acc = copy_readout_loss(model, -1, cap_attn["v"], torch.tensor(args.pairs), x)
+                r_loss, r_acc = copy_readout_loss(model, -1, cap_attn["v"], pairs, x)
                 loss = loss + args.readout * r_loss
                 extra += f" readout_acc {r_acc:.2f}"
         if cap_prev is not None:

@@ -511,26 +511,23 @@ def test_copy_pairs_with_punctuation_add_only_the_next_source_token(states, proc
     assert grounds > 10 and extra > grounds
 
 
-def test_attention_supervision_points_a_head_without_changing_the_forward(states, tokenizer, processor):
-    from mobilerl.models.pretrain import collate, disable_attention_capture, enable_attention_capture, loss_fn
+def _supervision_batch(states, tokenizer, processor, n_states=4, questions=12, max_len=768, attn_pairs=True):
+    """A small model and one collated batch of grounding/reading sequences, for the head-supervision tests."""
+    from mobilerl.models.pretrain import collate
 
     torch.manual_seed(0)
     model = tiny.build_model(SMALL, tokenizer)
-    cfg = DataConfig(prompt="policy", questions=12, max_len=768, weights={"ground": 1.0, "read": 1.0})
-    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg, attn_pairs=True)
-            for i, st in enumerate(states[:4])]
+    cfg = DataConfig(prompt="policy", questions=questions, max_len=max_len, weights={"ground": 1.0, "read": 1.0})
+    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg, attn_pairs=attn_pairs)
+            for i, st in enumerate(states[:n_states])]
     ids_ = tiny.special_ids(tokenizer)
-    ids, w, extra = collate(encs, ids_["pad"], ids_["image"])
-    assert extra["attn_pairs"].shape[1] == 3 and len(extra["attn_pairs"]) > 20
-    model.eval()
-    with torch.no_grad():
-        plain, _ = loss_fn(model, ids, w, extra)
-        cap = enable_attention_capture(model, -1)
-        attn = {"capture": cap, "weight": 1.0, "heads": 1}
-        captured, stats = loss_fn(model, ids, w, extra, attn)
-        lm_only, _ = loss_fn(model, ids, w, extra)
-    assert torch.allclose(plain, lm_only) and cap["q"].shape[:3] == (len(encs), SMALL.num_attention_heads, ids.shape[1])
-    assert captured > plain and stats["attn_pairs"] == len(extra["attn_pairs"])
+    return model, ids_, *collate(encs, ids_["pad"], ids_["image"])
+
+
+def _train_30_steps(model, ids, w, extra, attn):
+    """30 AdamW steps on one batch; returns the loss stats of the first step and of the last."""
+    from mobilerl.models.pretrain import loss_fn
+
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = None
@@ -540,6 +537,24 @@ def test_attention_supervision_points_a_head_without_changing_the_forward(states
         opt.step()
         opt.zero_grad()
         first = first or stats
+    return first, stats
+
+
+def test_attention_supervision_points_a_head_without_changing_the_forward(states, tokenizer, processor):
+    from mobilerl.models.pretrain import disable_attention_capture, enable_attention_capture, loss_fn
+
+    model, _, ids, w, extra = _supervision_batch(states, tokenizer, processor)
+    assert extra["attn_pairs"].shape[1] == 3 and len(extra["attn_pairs"]) > 20
+    model.eval()
+    with torch.no_grad():
+        plain, _ = loss_fn(model, ids, w, extra)
+        cap = enable_attention_capture(model, -1)
+        attn = {"capture": cap, "weight": 1.0, "heads": 1}
+        captured, stats = loss_fn(model, ids, w, extra, attn)
+        lm_only, _ = loss_fn(model, ids, w, extra)
+    assert torch.allclose(plain, lm_only) and cap["q"].shape[:3] == (ids.shape[0], SMALL.num_attention_heads, ids.shape[1])
+    assert captured > plain and stats["attn_pairs"] == len(extra["attn_pairs"])
+    first, stats = _train_30_steps(model, ids, w, extra, attn)
     assert stats["attn_loss"] < first["attn_loss"] - 1.0 and stats["attn_acc"] > first["attn_acc"] + 0.2
     disable_attention_capture(model)
     assert model.config._attn_implementation == "sdpa"
@@ -550,37 +565,22 @@ def test_copy_readout_teaches_the_heads_value_path_to_carry_the_copied_token(sta
     lm_head, is scored against the copied token; training on it raises that readout's top-1 accuracy, and the
     model's forward is unchanged by the capture."""
     from mobilerl.models.pretrain import (
-        collate,
         copy_readout_loss,
         disable_attention_capture,
         enable_attention_capture,
         loss_fn,
     )
 
-    torch.manual_seed(0)
-    model = tiny.build_model(SMALL, tokenizer)
-    cfg = DataConfig(prompt="policy", questions=12, max_len=768, weights={"ground": 1.0, "read": 1.0})
-    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg, attn_pairs=True)
-            for i, st in enumerate(states[:4])]
-    ids_ = tiny.special_ids(tokenizer)
-    ids, w, extra = collate(encs, ids_["pad"], ids_["image"])
-    pairs = extra["attn_pairs"]
+    model, _, ids, w, extra = _supervision_batch(states, tokenizer, processor)
     with torch.no_grad():
-        plain, _ = loss_fn(model, ids, w, dict(extra))
+        plain, _ = loss_fn(model, ids, w, extra)
     attn = {"capture": enable_attention_capture(model, -1), "weight": 0.1, "heads": 1, "layer": -1, "readout": 1.0}
     with torch.no_grad():
-        both, stats = loss_fn(model, ids, w, dict(extra), attn)
-        r_loss, r_acc = copy_readout_loss(model, -1, attn["capture"]["v"], pairs, ids)
+        both, stats = loss_fn(model, ids, w, extra, attn)
+        r_loss, r_acc = copy_readout_loss(model, -1, attn["capture"]["v"], extra["attn_pairs"], ids)
     assert both > plain and stats["readout_acc"] == r_acc and r_acc < 0.2
     assert attn["capture"]["v"].shape == attn["capture"]["k"].shape
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    first = None
-    for _ in range(30):
-        loss, stats = loss_fn(model, ids, w, dict(extra), attn)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        first = first or stats
+    first, stats = _train_30_steps(model, ids, w, extra, attn)
     assert stats["readout_loss"] < first["readout_loss"] - 1.0 and stats["readout_acc"] > first["readout_acc"] + 0.3
     disable_attention_capture(model)
 
@@ -611,35 +611,22 @@ def test_previous_word_targets_skip_split_spaces_and_padding(states):
 def test_previous_word_supervision_points_a_head_without_changing_the_forward(states, processor, tokenizer):
     from mobilerl.models.pretrain import (
         blank_token_table,
-        collate,
         disable_attention_capture,
         enable_attention_capture,
         loss_fn,
     )
 
-    torch.manual_seed(0)
-    model = tiny.build_model(SMALL, tokenizer)
-    cfg = DataConfig(prompt="policy", questions=8, max_len=512, weights={"ground": 1.0, "read": 1.0})
-    encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg) for i, st in enumerate(states[:3])]
-    ids_ = tiny.special_ids(tokenizer)
-    ids, w, extra = collate(encs, ids_["pad"], ids_["image"])
+    model, ids_, ids, w, extra = _supervision_batch(states, tokenizer, processor, n_states=3, questions=8,
+                                                    max_len=512, attn_pairs=False)
     model.eval()
     with torch.no_grad():
-        plain, _ = loss_fn(model, ids, w, dict(extra))
+        plain, _ = loss_fn(model, ids, w, extra)
         prev = {"capture": enable_attention_capture(model, 0), "weight": 1.0, "head": 0,
                 "blank": blank_token_table(tokenizer), "pad": ids_["pad"]}
-        with_prev, stats = loss_fn(model, ids, w, dict(extra), {"prev": prev})
-        lm_only, _ = loss_fn(model, ids, w, dict(extra))
+        with_prev, stats = loss_fn(model, ids, w, extra, {"prev": prev})
+        lm_only, _ = loss_fn(model, ids, w, extra)
     assert torch.allclose(plain, lm_only) and with_prev > plain and 0.0 <= stats["prev_acc"] < 0.5
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    first = None
-    for _ in range(30):
-        loss, stats = loss_fn(model, ids, w, dict(extra), {"prev": prev})
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        first = first or stats
+    first, stats = _train_30_steps(model, ids, w, extra, {"prev": prev})
     assert stats["prev_loss"] < first["prev_loss"] - 1.0 and stats["prev_acc"] > 0.8
     disable_attention_capture(model)
 

@@ -210,10 +210,13 @@ def _capturing_sdpa(module: Any, query: Any, key: Any, *args: Any, **kwargs: Any
     return sdpa_attention_forward(module, query, key, *args, **kwargs)
 
 
+def text_decoder(model: Any) -> Any:
+    """The text decoder of a Qwen2-VL (``model.model.language_model``) or of a plain Qwen2 LM (``model.model``)."""
+    return getattr(model.model, "language_model", model.model)
+
+
 def decoder_layers(model: Any) -> Any:
-    """The text decoder's layers of a Qwen2-VL (``model.model.language_model``) or a plain Qwen2 LM."""
-    inner = model.model
-    return getattr(inner, "language_model", inner).layers
+    return text_decoder(model).layers
 
 
 def enable_attention_capture(model: Any, layer: int) -> dict[str, Any]:
@@ -269,10 +272,8 @@ def copy_readout_loss(model: Any, layer: int, v: Any, pairs: Any, ids: Any, head
     attn = decoder_layers(model)[layer].self_attn
     d = v.shape[-1]
     w_o = attn.o_proj.weight[:, head * d:(head + 1) * d]  # (hidden, d)
-    inner = model.model
-    norm = getattr(inner, "language_model", inner).norm
     vals = v[pairs[:, 0], head, pairs[:, 2]]  # (N, d)
-    logits = model.lm_head(norm(vals @ w_o.T))
+    logits = model.lm_head(text_decoder(model).norm(vals @ w_o.T))
     target = ids[pairs[:, 0], pairs[:, 1] + 1]
     acc = float((logits.argmax(-1) == target).float().mean()) if len(target) else 0.0
     return F.cross_entropy(logits, target), acc
@@ -312,8 +313,8 @@ def blank_token_table(tokenizer: Any) -> Any:
     """(vocab,) bool: which token ids decode to whitespace only (a split space, a newline)."""
     import torch
 
-    n = len(tokenizer)
-    return torch.tensor([not tokenizer.decode([i]).strip() and bool(tokenizer.decode([i])) for i in range(n)])
+    texts = (tokenizer.decode([i]) for i in range(len(tokenizer)))
+    return torch.tensor([bool(t) and not t.strip() for t in texts])
 
 
 def loss_fn(model: Any, ids, w, extra: dict[str, Any], attn: dict[str, Any] | None = None):
