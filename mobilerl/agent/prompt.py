@@ -18,7 +18,9 @@ screens), and the current screen. One step is one chat::
 Previous responses are repeated verbatim (their ``<think>`` included), oldest first; ``max_history`` keeps
 only the last N, numbered within the window under ``Previous actions (the last N):``. The window's numbers
 do not say how many steps came before it, so an agent that repeats one action on an unchanged screen sees the
-same prompt again, and a greedy policy answers it from memory (:class:`~mobilerl.agent.model_policy.ModelPolicy`). The frame (``coords``) says how the screen lines place elements and how actions name them:
+same prompt again, and a greedy policy answers it from memory (:class:`~mobilerl.agent.model_policy.ModelPolicy`).
+
+The frame (``coords``) says how the screen lines place elements and how actions name them:
 
 - ``"abs"`` (the paper's): bounds and ``element=[x1,y1,x2,y2]`` in absolute screen pixels;
 - ``"rel"``: both on the harness' 0-999 grid (a tokenizer with one token per integer 0-999);
