@@ -216,18 +216,13 @@ def test_the_released_base_was_trained_with_the_recipe_a_rebuild_trains():
     """The committed checkpoint's profile is what ``dvc repro pretrain`` would train (params.yaml's profile
     and overrides): a recipe change in configs/tiny.yaml lands together with a rebuilt, released base."""
     from mobilerl.models.pretrain import load_profile
+    from mobilerl.tracking import flatten
     from stages.common import load_params
     from stages.pretrain import PretrainConfig
 
     cfg = load_params("pretrain", PretrainConfig)
-    rebuild = load_profile(ROOT / cfg.profile, list(cfg.overrides)).to_dict()
-    released = json.loads((BASE / "tiny.json").read_text())["profile"]
-
-    def flat(d: dict, pre: str = "") -> dict:
-        return {k2: v2 for k, v in d.items()
-                for k2, v2 in (flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v}).items()}
-
-    rebuild, released = flat(rebuild), flat(released)
+    rebuild = flatten(load_profile(ROOT / cfg.profile, list(cfg.overrides)).to_dict())
+    released = flatten(json.loads((BASE / "tiny.json").read_text())["profile"])
     changed = sorted(k for k in set(rebuild) | set(released) if rebuild.get(k) != released.get(k))
     assert not changed, f"configs/tiny.yaml differs from the released base's recipe at {changed}"
 
