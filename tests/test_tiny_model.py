@@ -809,3 +809,28 @@ def test_generation_probe_does_not_cut_off_a_long_right_answer():
                                        ["copy"]), i) for i, t in enumerate(targets)]
     acc, rows = score_generate(Echo(), processor, items)
     assert acc["copy"] == 1.0, rows
+
+
+def test_novel_inner_renews_addresses_and_numbers_keeping_their_shape(states):
+    """data.novel_inner: a typed e-mail address or phone number is renewed too (letter runs inside the token,
+    digits of a 3+ character span), keeping its punctuation, everywhere it occurs; without the option the
+    digits and the address stay as they were (recallable), and a one-digit span is never rewritten."""
+    import random
+    import re
+    from dataclasses import replace
+
+    from mobilerl.models.pretrain_data import with_novel_spans, word_pool
+
+    words = word_pool(states)
+    email, phone = "wwang39@outlook.com", "+1 312 445-3799"
+    st = replace(next(s for s in states if s.action), action=f'do(action="Type", text="{email}")',
+                 instruction=f"Add Wei Wang with phone number {phone} and email {email}. Serves 2.",
+                 history=(f'do(action="Type", text="{phone}")',))
+    new, (new_email, new_phone, two) = with_novel_spans(st, [email, phone, "2"], random.Random(0), words, inner=True)
+    assert new_email != email and re.fullmatch(r"[A-Za-z]+\d\d@[a-z]+\.[a-z]+", new_email)
+    assert new_phone != phone and re.sub(r"\d", "0", new_phone) == re.sub(r"\d", "0", phone)
+    assert two == "2" and "Serves 2." in new.instruction
+    assert new.action == f'do(action="Type", text="{new_email}")' and new.history == (f'do(action="Type", text="{new_phone}")',)
+    assert email not in new.instruction and phone not in new.instruction
+    old, (same_email, same_phone, _) = with_novel_spans(st, [email, phone, "2"], random.Random(0), words)
+    assert (same_email, same_phone) == (email, phone) and old.instruction == st.instruction

@@ -671,6 +671,8 @@ class DataConfig:
     # where typed spans do (natural: a quoted string at its closing quote, elsewhere punctuation before a space)
     span_words: int = 8  # longest random copy span, in words
     novel_random: bool = False  # in the novel_spans share, the random copy spans' words are renewed too
+    novel_inner: bool = False  # novel spans also renew letter runs inside a token (`outlook.com`) and the digits
+    # of spans of 3+ characters (`+86 138 8328 8818`), so addresses and numbers are copied, not recalled
     # Share of sequences that pack several oracle screens' policy turns (the agent's prompt and the expert's
     # next action, each its own chat) up to max_len, instead of one screen with many questions: more
     # next-action examples per token (with prompt: policy only).
@@ -954,7 +956,7 @@ def word_pool(states: Iterable[ScreenState], limit: int = 20000) -> list[str]:
 
 
 def with_novel_spans(state: ScreenState, spans: Sequence[str], rng: random.Random,
-                     words: Sequence[str]) -> tuple[ScreenState, list[str]]:
+                     words: Sequence[str], inner: bool = False) -> tuple[ScreenState, list[str]]:
     """The state with each span (a text the agent types, a quoted name) replaced by random words,
     everywhere it occurs: instruction, screen lines, history and the expert's action.
 
@@ -962,11 +964,23 @@ def with_novel_spans(state: ScreenState, spans: Sequence[str], rng: random.Rando
     can answer ``type after "label"`` by recalling the span that goes with this instruction instead of
     copying it; a fresh span every time leaves copying as the only way (docs/tiny_base.md). Alphabetic
     words are replaced (capitalisation kept), digits and punctuation stay, so the span keeps its shape.
+    ``inner``: every run of 2+ letters is replaced, also inside a token (``wwang39@outlook.com``), and so are
+    the digits of a span of 3+ characters (``+86 138 8328 8818``, ``$17.37``): phone numbers, addresses and
+    amounts were otherwise the same few hundred on every epoch, and could be recalled instead of copied.
     """
     if not spans or not words:
         return state, list(spans)
 
+    def letters(m: re.Match[str]) -> str:
+        w, old = rng.choice(words), m.group(0)
+        return w.upper() if old.isupper() else w.capitalize() if old[0].isupper() else w.lower()
+
     def fresh(span: str) -> str:
+        if inner:
+            span = _WORD.sub(letters, span)
+            if len(span) >= 3:  # a one- or two-digit span ("serves 2") would rewrite every such number on screen
+                span = re.sub(r"\d", lambda _: str(rng.randrange(10)), span)
+            return span
         out = []
         for tok in span.split(" "):
             if tok.isalpha():
@@ -1052,7 +1066,7 @@ def copy_spans(st: ScreenState, typed: Sequence[str], rng: random.Random, cfg: D
     spans = instruction_spans(st.instruction, typed)
     if not cfg.novel_random:
         if spans and cfg.novel_spans > 0 and rng.random() < cfg.novel_spans:
-            st, spans = with_novel_spans(st, spans, rng, words)
+            st, spans = with_novel_spans(st, spans, rng, words, inner=cfg.novel_inner)
         return st, spans + drawn(st, spans)
     novel = cfg.novel_spans > 0 and rng.random() < cfg.novel_spans
     extra = drawn(st, spans)
@@ -1062,7 +1076,7 @@ def copy_spans(st: ScreenState, typed: Sequence[str], rng: random.Random, cfg: D
     # renewing it there would rewrite the actions' syntax, not a span
     said = " ".join((st.action or "", *st.history, *st.history_marks))
     renew = spans + [x for x in extra if x not in said]
-    st, renewed = with_novel_spans(st, renew, rng, words)
+    st, renewed = with_novel_spans(st, renew, rng, words, inner=cfg.novel_inner)
     new = dict(zip(renew, renewed, strict=True))
     # overlapping spans: the longer is renewed first, so a shorter one inside it is no longer in the
     # instruction, and its question is dropped
