@@ -449,6 +449,26 @@ def test_novel_random_leaves_words_of_the_actions_syntax_alone():
     assert parse_action(new.action).app == "Messages" and new.history == st.history
 
 
+def test_train_seed_changes_the_run_not_the_screens_or_the_tokenizer(states, monkeypatch):
+    """``train.seed`` seeds the init and the data stream only; the screens (train, held out) and the tokenizer's
+    sample follow ``states_seed``, so a seed-spread rebuild trains and is probed on the same screens."""
+    import mobilerl.models.pretrain as pt
+    import mobilerl.models.pretrain_data as pdata
+    import mobilerl.models.probe as probe
+
+    seen = []
+    monkeypatch.setattr(pdata, "collect_states", lambda **kw: seen.append(("train", kw["seed"])) or list(states))
+    monkeypatch.setattr(probe, "held_out_states", lambda **kw: seen.append(("test", kw["seed"])) or [])
+    monkeypatch.setattr(pt, "TOKENIZER_STATES", len(states) // 2)  # the tokenizer samples the screens
+    vocab = {}
+    for key in ("train.seed=0", "train.seed=1", "states_seed=3"):
+        profile = pt.load_profile(ROOT / "configs" / "tiny.yaml", [key, "vocab_size=2048"])
+        pt.prepare_states(profile, log=lambda msg: None)
+        vocab[key] = pt.make_tokenizer(profile, states).get_vocab()
+    assert seen == [("train", 0), ("test", 1), ("train", 0), ("test", 1), ("train", 3), ("test", 4)]
+    assert vocab["train.seed=0"] == vocab["train.seed=1"]
+
+
 def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
     from mobilerl.models.pretrain import TrainConfig, lr_at
 

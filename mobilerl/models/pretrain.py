@@ -100,12 +100,13 @@ class Profile:
     explore: float = 0.5
     render: float = 0.1  # fraction of train states that keep a screenshot
     probe_per_template: int = 3  # test tasks per template for held-out screens
+    states_seed: int = 0  # seeds the screens (train, held out: +1) and the tokenizer's sample; train.seed seeds the rest
     init: str | None = None  # start from this saved model (HF folder) instead of a random init (SFT runs)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
         known = {"model", "data", "train", "vocab_size", "spaces", "n_train_per_template", "explore", "render",
-                 "probe_per_template", "init"}
+                 "probe_per_template", "states_seed", "init"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown key(s) in the tiny profile: {sorted(unknown)}")
@@ -448,11 +449,11 @@ def prepare_states(profile: Profile, log: Any = print) -> tuple[list[ScreenState
 
     t0 = time.time()
     train = collect_states(split="train", n_per_template=profile.n_train_per_template,
-                           explore=profile.explore, seed=profile.train.seed, render=profile.render,
+                           explore=profile.explore, seed=profile.states_seed, render=profile.render,
                            workers=profile.train.threads)
     log(f"collected {len(train)} train-split screens in {time.time() - t0:.0f}s")
     t0 = time.time()
-    test = held_out_states(n_per_template=profile.probe_per_template, seed=profile.train.seed + 1,
+    test = held_out_states(n_per_template=profile.probe_per_template, seed=profile.states_seed + 1,
                            workers=profile.train.threads)
     n_all = len(test)
     test = held_out_only(test, train)
@@ -481,7 +482,7 @@ def make_tokenizer(profile: Profile, train_states: Sequence[ScreenState]):
     from mobilerl.models.pretrain_data import corpus_texts
     from mobilerl.models.tokenizer import train_tokenizer
 
-    rng = random.Random(profile.train.seed)
+    rng = random.Random(profile.states_seed)
     sample = list(train_states)
     if len(sample) > TOKENIZER_STATES:
         sample = rng.sample(sample, TOKENIZER_STATES)
