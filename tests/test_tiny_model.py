@@ -464,7 +464,8 @@ def test_train_seed_changes_the_run_not_the_screens_or_the_tokenizer(states, mon
     for key in ("train.seed=0", "train.seed=1", "states_seed=3"):
         profile = pt.load_profile(ROOT / "configs" / "tiny.yaml", [key, "vocab_size=2048"])
         pt.prepare_states(profile, log=lambda msg: None)
-        vocab[key] = pt.make_tokenizer(profile, states).get_vocab()
+        if key.startswith("train.seed"):
+            vocab[key] = pt.make_tokenizer(profile, states).get_vocab()
     assert seen == [("train", 0), ("test", 1), ("train", 0), ("test", 1), ("train", 3), ("test", 4)]
     assert vocab["train.seed=0"] == vocab["train.seed=1"]
 

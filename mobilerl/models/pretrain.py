@@ -105,9 +105,7 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
-        known = {"model", "data", "train", "vocab_size", "spaces", "n_train_per_template", "explore", "render",
-                 "probe_per_template", "states_seed", "init"}
-        unknown = set(d) - known
+        unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown key(s) in the tiny profile: {sorted(unknown)}")
 
