@@ -165,7 +165,7 @@ def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings
 
 
 def model_concurrency() -> int:
-    from stages.common import load_params
+    from mobilerl.config import load_params
     from stages.evaluate import EvaluateConfig
 
     return load_params("evaluate", EvaluateConfig).model_concurrency
@@ -186,7 +186,7 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     flight (per process) instead of the stage's; ``env_threads``: the simulator in threads, as before it ran on
     the event loop (``evaluate(inline_env=False)``); ``reuse``: ``evaluate.reuse_greedy`` (False: every step
     generated); ``responses``: write each episode's responses there (JSON lines), to compare two runs."""
-    from stages.common import load_params
+    from mobilerl.config import load_params
     from stages.evaluate import EvaluateConfig, checkpoint_policy, run_checkpoint
 
     cfg = load_params("evaluate", EvaluateConfig).model_copy(update={"reuse_greedy": reuse})

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mobilerl.eval.metrics import grouped
     from mobilerl.eval.runner import evaluate_sync
-    from stages.common import load_params
+    from mobilerl.config import load_params
     from stages.evaluate import CheckpointSpec, EvaluateConfig, checkpoint_policy
 
     cfg = load_params("evaluate", EvaluateConfig)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mobilerl.env.actions import parse_action
     from mobilerl.eval.androidcontrol import run_androidcontrol
-    from stages.common import load_params
+    from mobilerl.config import load_params
     from stages.evaluate import CheckpointSpec, EvaluateConfig, checkpoint_policy, offline_episodes
 
     cfg = load_params("evaluate", EvaluateConfig)

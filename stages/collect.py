@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, write_json
 
 TASKS = ROOT / "data" / "tasks" / "suites"
 OUT = ROOT / "data" / "collect"

@@ -31,7 +31,7 @@ from pydantic import Field, field_validator
 
 from mobilerl import tracking
 from mobilerl.env.base import TaskSpec
-from stages.common import ROOT, StageConfig, load_params, repo_path, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, repo_path, write_json
 
 TASKS = ROOT / "data" / "tasks" / "suites"
 OUT = ROOT / "data" / "eval"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from stages.common import ROOT, StageConfig, load_params, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, write_json
 
 REBUILD = "dvc unfreeze pretrain && dvc repro pretrain && dvc freeze pretrain  # runs python -m stages.pretrain"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, write_json
 
 STORES = ROOT / "data" / "collect" / "stores"
 OUT = ROOT / "data" / "privacy"

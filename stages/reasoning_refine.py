@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, repo_path, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, read_json, repo_path, write_json
 from stages.reasoning_bootstrap import STORES, source_stores
 from stages.sft_reasoning_free import rel
 

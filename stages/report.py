@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, read_json, write_json
 
 SUMMARY = ROOT / "data" / "eval" / "summary.json"
 OFFLINE = ROOT / "data" / "eval" / "offline.json"  # checkpoint policies only; absent in older runs

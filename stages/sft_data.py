@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, read_json, write_json
 
 STORES = ROOT / "data" / "collect" / "stores"
 AUDIT = ROOT / "data" / "privacy" / "metrics.json"

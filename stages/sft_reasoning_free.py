@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, read_json, repo_path, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, read_json, repo_path, write_json
 
 CHECKPOINTS = ROOT / "data" / "checkpoints"
 

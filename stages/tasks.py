@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from mobilerl import tracking
-from stages.common import ROOT, StageConfig, load_params, write_json
+from mobilerl.config import ROOT, StageConfig, load_params, write_json
 
 OUT = ROOT / "data" / "tasks"
 

@@ -14,7 +14,7 @@ from mobilerl.env.sim.tasks import get_task
 from mobilerl.eval import evaluate_sync
 from mobilerl.models.hf_backend import HFBackend
 from mobilerl.models.profiles import load_profile
-from stages.common import ParamsError, load_params
+from mobilerl.config import ParamsError, load_params
 from stages.evaluate import EvaluateConfig, check_policies, make_policy_factory, policy_tasks
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipelines.flow import ROOT, apply_overrides, load_overrides, stage_order
-from stages.common import ParamsError, StageConfig, load_params
+from mobilerl.config import ParamsError, StageConfig, load_params
 
 
 def test_dag_matches_stage_modules():

@@ -269,7 +269,7 @@ def test_values_seen_with_context_are_masked_everywhere_in_the_episode():
     import json
 
     from mobilerl.data.collect import mask_trajectory
-    from mobilerl.data.schema import StepRecord, Trajectory
+    from mobilerl.trajectory import StepRecord, Trajectory
     from mobilerl.env.actions import Action
 
     finish = Action("Finish", message="329717650732")

@@ -217,7 +217,7 @@ def test_the_released_base_was_trained_with_the_recipe_a_rebuild_trains():
     and overrides): a recipe change in configs/tiny.yaml lands together with a rebuilt, released base."""
     from mobilerl.models.pretrain import Profile, load_profile
     from mobilerl.tracking import flatten
-    from stages.common import load_params
+    from mobilerl.config import load_params
     from stages.pretrain import PretrainConfig
 
     cfg = load_params("pretrain", PretrainConfig)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, policy_name, policy_version
-from mobilerl.data.schema import StepRecord, Trajectory
+from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.env import actions as A
 from mobilerl.env.actions import ActionParseError, parse_action
 from mobilerl.env.base import AsyncEnv, EnvError, Observation, TaskSpec

@@ -46,7 +46,7 @@ from mobilerl.data.collect import (
     mask_trajectory,
     surrogate_fingerprints,
 )
-from mobilerl.data.schema import StepRecord, Trajectory
+from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.data.store import IMAGES, StoreWriter, image_path
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, format_action

@@ -42,7 +42,7 @@ from mobilerl.data.collect import (
     fingerprint,
     trajectory_texts,
 )
-from mobilerl.data.schema import Trajectory
+from mobilerl.trajectory import Trajectory
 from mobilerl.data.store import MANIFEST, TABLE, iter_store
 
 

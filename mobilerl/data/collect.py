@@ -51,7 +51,7 @@ from PIL import Image
 
 from mobilerl.data import privacy as P
 from mobilerl.data.privacy_image import FAST_CASCADES, THOROUGH_CASCADES, mask_image
-from mobilerl.data.schema import StepRecord, Trajectory
+from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.data.store import IMAGES, StoreWriter, episode_dir, image_path
 from mobilerl.env.actions import Action, format_action, parse_action
 from mobilerl.env.base import Env, Observation, StepResult, TaskSpec

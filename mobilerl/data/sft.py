@@ -44,7 +44,7 @@ from typing import Any
 from PIL import Image
 
 from mobilerl.agent import prompt as PR
-from mobilerl.data.schema import StepRecord, Trajectory
+from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.data.step_instructions import step_instruction
 from mobilerl.data.store import iter_store
 from mobilerl.env import actions as A

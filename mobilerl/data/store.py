@@ -6,7 +6,7 @@ Layout of a store directory (``docs/data_schema.md`` has the column list)::
     <root>/images/<episode dir>/stepNNN.png   screenshots; ``steps[i].screenshot_path`` is relative to <root>
     <root>/manifest.json                 schema version, counts, how the data was masked
 
-Rows round-trip :class:`~mobilerl.data.schema.Trajectory` (``meta`` is stored as a JSON string, actions as
+Rows round-trip :class:`~mobilerl.trajectory.Trajectory` (``meta`` is stored as a JSON string, actions as
 a struct with every action field, absent ones null). :class:`StoreWriter` appends row groups as episodes
 arrive, so a long collection streams to disk; :func:`read_store` / :func:`iter_store` read them back.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mobilerl.data.schema import SCHEMA_VERSION, StepRecord, Trajectory
+from mobilerl.trajectory import SCHEMA_VERSION, StepRecord, Trajectory
 
 TABLE = "trajectories.parquet"
 MANIFEST = "manifest.json"

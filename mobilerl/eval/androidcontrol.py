@@ -275,7 +275,7 @@ class ACResult:
 
 
 def from_trajectory(traj: Any) -> ACEpisode:
-    """One of our trajectories (:class:`~mobilerl.data.schema.Trajectory`, e.g. an expert rollout) as offline
+    """One of our trajectories (:class:`~mobilerl.trajectory.Trajectory`, e.g. an expert rollout) as offline
     step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal.
     A step's low-level instruction is the recorded one, else one derived from its action and screen
     (:func:`mobilerl.data.step_instructions.step_instruction`, as the SFT data derives it), else the goal."""

@@ -26,7 +26,7 @@ from fractions import Fraction
 from statistics import NormalDist
 from typing import Any
 
-from mobilerl.data.schema import Trajectory
+from mobilerl.trajectory import Trajectory
 
 # --------------------------------------------------------------------------------------- pass@k
 

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from mobilerl.agent.policy import Policy
 from mobilerl.agent.rollout import rollout
-from mobilerl.data.schema import JsonlWriter, Trajectory
+from mobilerl.trajectory import JsonlWriter, Trajectory
 from mobilerl.env.base import Env, TaskSpec
 from mobilerl.env.pool import EnvPool, InlineEnv, ProcessEnv, ThreadEnv
 

@@ -376,7 +376,7 @@ class SimTeacher:
 
 def expert_episodes(trajectories: Sequence[Any], root: str | Path | None = None,
                     only_success: bool = True, prefix: str = "", coords: str = "abs") -> list[list[ExpertStep]]:
-    """Expert steps per episode of trajectories in :class:`mobilerl.data.schema.Trajectory` form (skipping
+    """Expert steps per episode of trajectories in :class:`mobilerl.trajectory.Trajectory` form (skipping
     unsuccessful ones unless ``only_success`` is off). A step's history is the expert's previous bare
     responses (:func:`with_history` puts explanations in); ``root``: the store, to make screenshot paths
     absolute; ``prefix`` goes before every step id (e.g. the store's name)."""
