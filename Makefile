@@ -52,7 +52,7 @@ lint: setup
 # The main job: flow `mobilerl` (deployment `full`'s parameters) in this process, on the embedded default.
 run: setup
 	@mkdir -p .cache/prefect
-	PREFECT_HOME=$(CURDIR)/.cache/prefect $(BIN)/python -m pipelines.run --profile tiny
+	PREFECT_HOME=$(CURDIR)/.cache/prefect $(BIN)/python -m pipelines.run
 
 # A local Prefect server (SQLite, 127.0.0.1) serving deployments mobilerl/full and mobilerl/smoke; the
 # default Prefect profile is pointed at it so that `prefect deployment run mobilerl/full` works as typed.

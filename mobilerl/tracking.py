@@ -69,14 +69,16 @@ def dvc_lock_hash(stage: str) -> str:
     return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[Any, Any], sep: str = ".") -> dict[str, Any]:
+    """Nested mappings as one level, keys joined by ``sep``: ``{"a": {"b": 1}}`` → ``{"a.b": 1}``
+    (params.yaml overrides, MLflow params; evaluation summaries with ``sep="/"``)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
-        key = f"{prefix}{k}"
         if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
+            for k2, v2 in flatten(v, sep).items():
+                out[f"{k}{sep}{k2}"] = v2
         else:
-            out[key] = v
+            out[f"{k}"] = v
     return out
 
 

@@ -36,6 +36,8 @@ class StepRecord:
     ``changed`` is ``False``. ``xml_compressed`` is the screen the response was produced on (before the
     action). ``latency_s`` is the env's step time, ``policy_latency_s`` the policy's.
     ``step_instruction`` is the low-level instruction of this step where the data has one (AndroidControl).
+    ``logprobs[i]`` is the sampling logprob of ``token_ids[i]`` (model policies; what RL's importance ratio
+    needs); ``token_ids`` is None where the policy or backend gave none.
     """
 
     index: int
@@ -51,6 +53,7 @@ class StepRecord:
     screenshot_path: str | None = None
     logprobs: list[float] | None = None
     step_instruction: str | None = None  # a per-step (low-level) instruction, where the data has one
+    token_ids: list[int] | None = None
 
     @property
     def valid(self) -> bool:
@@ -61,7 +64,10 @@ class StepRecord:
         return None if self.action is None else self.action.get("name")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["token_ids"] is None:  # absent, not null: steps without tokens keep the bytes they always had
+            del d["token_ids"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepRecord:
@@ -76,6 +82,10 @@ class StepRecord:
             raise ValueError(
                 f"step {kwargs['index']}: action must be an object with a 'name', got {action!r}"
             )
+        ids = kwargs.get("token_ids")
+        if ids is not None and len(ids) != len(kwargs.get("logprobs") or []):
+            raise ValueError(f"step {kwargs['index']}: {len(ids)} token ids but "
+                             f"{len(kwargs.get('logprobs') or [])} logprobs")
         return cls(**kwargs)
 
 

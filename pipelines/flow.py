@@ -5,11 +5,11 @@ runs each stage as a Prefect task (``dvc repro --single-item <stage>``), so an u
 skipped by DVC itself. The flow opens the MLflow parent run; stage processes log nested runs under it
 (``MOBILERL_PARENT_RUN_ID``) tagged with the Prefect flow-run id.
 
-Parameters choose a profile (``configs/profiles/<name>.yaml``: params.yaml overrides) and extra
-``overrides`` (``{"evaluate.n_trials": 8}``). A run with ``isolated=True`` (the ``smoke`` deployment)
-works in a temporary copy of the repository, so its overrides never touch the workspace; otherwise the
-overrides are written into ``params.yaml`` (as ``dvc exp run --set-param`` does), so ``dvc.lock``
-records exactly what ran.
+Parameters choose a preset (``configs/presets/<name>.yaml``: params.yaml overrides; none: params.yaml as
+is) and extra ``overrides`` (``{"evaluate.n_trials": 8}``). A run with ``isolated=True`` (the ``smoke``
+deployment) works in a temporary copy of the repository, so its overrides never touch the workspace;
+otherwise the overrides are written into ``params.yaml`` (as ``dvc exp run --set-param`` does), so
+``dvc.lock`` records exactly what ran.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = ROOT / "configs" / "profiles"
+PRESETS = ROOT / "configs" / "presets"
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -64,16 +64,16 @@ def stage_order(repo_dir: Path = ROOT, targets: list[str] | None = None) -> list
     return order
 
 
-def load_overrides(profile: str, overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """The profile's overrides (flattened ``section.key`` form) updated by explicit ``overrides``."""
+def load_overrides(preset: str | None, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The preset's overrides (flattened ``section.key`` form) updated by explicit ``overrides``."""
     import yaml
 
     merged: dict[str, Any] = {}
-    if profile != "tiny":
-        path = PROFILES / f"{profile}.yaml"
+    if preset is not None:
+        path = PRESETS / f"{preset}.yaml"
         if not path.exists():
-            known = ["tiny"] + sorted(p.stem for p in PROFILES.glob("*.yaml"))
-            raise ValueError(f"unknown profile {profile!r}; known: {', '.join(known)}")
+            known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+            raise ValueError(f"unknown preset {preset!r}; known: {', '.join(known)}")
         from mobilerl.tracking import flatten
 
         merged.update(flatten(yaml.safe_load(path.read_text()) or {}))
@@ -136,7 +136,7 @@ def run_stage(stage: str, workdir: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 @flow(name="mobilerl", log_prints=True)
-def mobilerl(profile: str = "tiny", overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+def mobilerl(preset: str | None = None, overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
              isolated: bool = False, keep_workdir: bool = False) -> dict[str, Any]:
     """Run the MobileRL pipeline (all of dvc.yaml, or ``stages`` and what they depend on)."""
     from prefect.runtime import flow_run
@@ -144,22 +144,23 @@ def mobilerl(profile: str = "tiny", overrides: dict[str, Any] | None = None, sta
     from mobilerl import tracking
 
     log = get_run_logger()
-    merged = load_overrides(profile, overrides)
+    merged = load_overrides(preset, overrides)
+    name = preset or "default"
     workdir = isolated_copy() if isolated else ROOT
     apply_overrides(workdir / "params.yaml", merged)
     order = stage_order(workdir, stages)
-    log.info("profile %s, %d stage(s) in DVC order: %s", profile, len(order), " → ".join(order))
+    log.info("preset %s, %d stage(s) in DVC order: %s", name, len(order), " → ".join(order))
     env = {**os.environ, **OFFLINE_ENV,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "MLFLOW_TRACKING_URI": tracking.tracking_uri(),
            tracking.FLOW_RUN_ENV: str(flow_run.get_id() or "")}
     results = []
-    with tracking.pipeline_run(f"pipeline/{profile}", {"profile": profile, **merged}) as run:
+    with tracking.pipeline_run(f"pipeline/{name}", {"preset": name, **merged}) as run:
         env[tracking.PARENT_ENV] = run.info.run_id
         for stage in order:
             results.append(run_stage(stage, str(workdir), env))
     report = workdir / "reports" / "report.md"
-    summary = {"profile": profile, "workdir": str(workdir), "mlflow_parent_run_id": run.info.run_id,
+    summary = {"preset": name, "workdir": str(workdir), "mlflow_parent_run_id": run.info.run_id,
                "stages": results, "report": str(report) if report.exists() else None,
                "mlflow_ui": "make ui  (http://127.0.0.1:5000)"}
     for r in results:
@@ -173,4 +174,4 @@ def mobilerl(profile: str = "tiny", overrides: dict[str, Any] | None = None, sta
 
 
 if __name__ == "__main__":
-    mobilerl(profile=sys.argv[1] if len(sys.argv) > 1 else "tiny")
+    mobilerl(preset=sys.argv[1] if len(sys.argv) > 1 else None)

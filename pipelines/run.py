@@ -10,7 +10,7 @@ from pipelines.flow import mobilerl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", default="tiny", help="tiny (params.yaml as is), smoke, or configs/profiles/<name>")
+    ap.add_argument("--preset", help="a run preset, configs/presets/<name>.yaml (smoke); none: params.yaml as is")
     ap.add_argument("--isolated", action="store_true", help="run in a temporary copy of the repository")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
                     help="override a params.yaml value, e.g. --set evaluate.n_trials=8")
@@ -24,7 +24,7 @@ def main() -> None:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:
             overrides[key] = value
-    summary = mobilerl(profile=args.profile, overrides=overrides or None, isolated=args.isolated)
+    summary = mobilerl(preset=args.preset, overrides=overrides or None, isolated=args.isolated)
     print()
     for r in summary["stages"]:
         print(f"  {r['stage']:<22} {r['status']:<11} {r['seconds']:7.1f}s")

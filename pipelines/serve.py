@@ -14,14 +14,14 @@ from pipelines.flow import mobilerl
 def main() -> None:
     full = mobilerl.to_deployment(
         name="full",
-        description="The whole MobileRL pipeline on the chosen profile (default: the embedded tiny default).",
-        parameters={"profile": "tiny"},
+        description="The whole MobileRL pipeline on params.yaml as is (the embedded tiny default).",
+        parameters={"preset": None},
         tags=["mobilerl"],
     )
     smoke = mobilerl.to_deployment(
         name="smoke",
         description="A minutes-long run of every stage with tiny budgets, in a temporary copy of the repo.",
-        parameters={"profile": "smoke", "isolated": True},
+        parameters={"preset": "smoke", "isolated": True},
         tags=["mobilerl", "smoke"],
     )
     serve(full, smoke)

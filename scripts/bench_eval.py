@@ -41,12 +41,9 @@ import json
 import random
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stages/ (the tasks stage's task lists)
 
 from mobilerl.agent import OraclePolicy, PolicyContext, PolicyOutput, prompt
 from mobilerl.agent.model_policy import ModelPolicy
@@ -109,9 +106,9 @@ def build_checkpoint(path: Path, contexts: list[PolicyContext]) -> Path:
 def world_test() -> list[TaskSpec]:
     """world/test from the `tasks` stage's output when present (listing it here reruns the oracle on every
     task for the optimal step counts: a minute of CPU)."""
-    from stages.evaluate import TASKS, load_tasks
+    from mobilerl.tasks import load_tasks, task_list_path
 
-    if (TASKS / "world_test.jsonl").exists():
+    if task_list_path("world", "test").exists():
         return load_tasks("world", "test")
     return list_tasks("world", "test")
 
@@ -166,7 +163,7 @@ def bench_generation(backend: HFBackend, contexts: list[PolicyContext], settings
 
 def model_concurrency() -> int:
     from mobilerl.config import load_params
-    from stages.evaluate import EvaluateConfig
+    from mobilerl.eval.config import EvaluateConfig
 
     return load_params("evaluate", EvaluateConfig).model_concurrency
 
@@ -187,7 +184,8 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     the event loop (``evaluate(inline_env=False)``); ``reuse``: ``evaluate.reuse_greedy`` (False: every step
     generated); ``responses``: write each episode's responses there (JSON lines), to compare two runs."""
     from mobilerl.config import load_params
-    from stages.evaluate import EvaluateConfig, checkpoint_policy, run_checkpoint
+    from mobilerl.eval.checkpoints import checkpoint_policy, run_checkpoint
+    from mobilerl.eval.config import EvaluateConfig
 
     cfg = load_params("evaluate", EvaluateConfig).model_copy(update={"reuse_greedy": reuse})
     if name not in cfg.checkpoints:

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mobilerl.data import privacy as P  # noqa: E402
 from mobilerl.data import privacy_corpus as C  # noqa: E402
 from mobilerl.data import privacy_image as PI  # noqa: E402
-from mobilerl.data.collect import MaskingOptions  # noqa: E402
+from mobilerl.data.masking import MaskingOptions  # noqa: E402
+from mobilerl.data.privacy_phone import phone_value_ok  # noqa: E402
 
 
 def _sim_episodes(n_tasks: int, render: bool):
@@ -69,7 +70,7 @@ def _sim_episodes(n_tasks: int, render: bool):
 
 def _throughput(texts: list[str], min_s: float = 2.0) -> float:
     total = sum(len(t.encode()) for t in texts)
-    P._phone_value_ok.cache_clear()
+    phone_value_ok.cache_clear()
     t0 = time.perf_counter()
     n = 0
     while True:

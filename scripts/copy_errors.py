@@ -39,24 +39,26 @@ def main() -> int:
     import torch
 
     from mobilerl.models import tiny
-    from mobilerl.models.pretrain import Profile, enable_attention_capture, load_state_cache
-    from mobilerl.models.pretrain_data import encode
-    from mobilerl.models.probe import release_items
+    from mobilerl.tinybase.data import encode
+    from mobilerl.tinybase.losses import enable_attention_capture
+    from mobilerl.tinybase.probe import release_items
+    from mobilerl.tinybase.recipe import Recipe
+    from mobilerl.tinybase.screens import load_state_cache
 
     torch.set_num_threads(args.threads)
     model, proc = tiny.load(args.model)
     model.eval()
     tok = proc.tokenizer
-    profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
+    recipe = Recipe.from_record(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
     train, test = load_state_cache(args.states)
     states = test if args.split == "test" else train
-    items = [it for it in release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
+    items = [it for it in release_items(states, recipe.data, n_per_kind=args.items, seed=args.seed)
              if it.kind == "copy"]
     cap = enable_attention_capture(model, -1)
     counts: collections.Counter[str] = collections.Counter()
     examples: dict[str, list[str]] = collections.defaultdict(list)
     for it in items:
-        e = encode(it.example, proc, profile.data, max_len=4096)
+        e = encode(it.example, proc, recipe.data, max_len=4096)
         ids = torch.tensor([e.input_ids])
         with torch.no_grad():
             hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[0]

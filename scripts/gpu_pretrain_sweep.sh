@@ -2,8 +2,8 @@
 # Pretraining recipes of the tiny base, several at once on one GPU: a bench for what the 2-core rebuild
 # would give, in minutes instead of hours (the same model and tokens per step as configs/tiny.yaml: a variant
 # run to 8,000 steps stands for a CPU rebuild of that recipe; five at once ran ~15 steps/s each on an H200,
-# so that takes ~9 minutes, and a shorter MINUTES ends each run earlier, annealed; see docs/tiny_base.md,
-# "Recipes measured on a GPU").
+# so that takes ~9 minutes, and a shorter MINUTES ends each run earlier, annealed; see
+# experiments/tiny_base/HISTORY.md, "Recipes measured on a GPU").
 #
 #   bash scripts/gpu_pretrain_sweep.sh OUT_DIR [MINUTES]       # MINUTES: each run's clock budget (default 6)
 #   VARIANTS=spans PROBE=1 DATA_WORKERS=1 bash scripts/gpu_pretrain_sweep.sh OUT_DIR 6   # the span-copy set
@@ -30,10 +30,11 @@ if [ ! -f "$STATES/train.jsonl.gz" ]; then
   $PY - "$STATES" "${COLLECT_WORKERS:-16}" <<'EOF' || exit 1
 import sys
 from pathlib import Path
-from mobilerl.models.pretrain import load_profile, prepare_states
-from mobilerl.models.pretrain_data import save_states
+from mobilerl.tinybase.recipe import load_recipe
+from mobilerl.tinybase.screens import save_states
+from mobilerl.tinybase.train import prepare_states
 out, workers = Path(sys.argv[1]), sys.argv[2]
-train, test = prepare_states(load_profile("configs/tiny.yaml", [f"train.threads={workers}"]))
+train, test = prepare_states(load_recipe("configs/tiny.yaml", [f"train.threads={workers}"]))
 save_states(train, out / "train.jsonl.gz")
 save_states(test, out / "test.jsonl.gz")
 print(f"{len(train)} train / {len(test)} held-out screens")
@@ -42,11 +43,11 @@ fi
 cp models/tiny-base/tokenizer.json "$STATES/tokenizer_4096_split.json"
 echo "screens ready in $(( $(date +%s) - t0 ))s"
 
-run() {  # name, then profile overrides
+run() {  # name, then recipe overrides
   local name=$1; shift
   local w=$WORK/$name
   mkdir -p "$w"
-  $PY -m mobilerl.models.pretrain configs/tiny.yaml "$w" --states "$STATES" --out "$w/model" \
+  $PY -m mobilerl.tinybase.train configs/tiny.yaml "$w" --states "$STATES" --out "$w/model" \
     --set train.device=$DEV --set train.data_workers=${DATA_WORKERS:-2} --set train.threads=1 \
     --set train.max_minutes=$MIN --set train.save_every_minutes=1000 \
     --set "train.probe_kinds=[ground,read,copy,type,act]" "$@" >"$w/log.txt.out" 2>&1
@@ -68,24 +69,19 @@ run() {  # name, then profile overrides
 VARIANTS=${VARIANTS:-all}
 if [ "$VARIANTS" = all ]; then
   run b1 &                                                   # the released recipe (control)
-  run pack5 --set data.act_pack=0.5 &                        # half the sequences: packed next-action turns
-  run pack8 --set data.act_pack=0.8 &
   run b1_x4 --set train.max_steps=32000 --set train.probe_every=1000 &  # 4x the steps (clock-capped)
-  run w256_pack5_x4 --set model.hidden_size=256 --set model.num_hidden_layers=4 --set model.num_attention_heads=8 \
-    --set model.num_key_value_heads=8 --set model.intermediate_size=768 --set data.act_pack=0.5 \
+  run w256_x4 --set model.hidden_size=256 --set model.num_hidden_layers=4 --set model.num_attention_heads=8 \
+    --set model.num_key_value_heads=8 --set model.intermediate_size=768 \
     --set train.max_steps=32000 --set train.probe_every=1000 &
 elif [ "$VARIANTS" = spans ]; then
-  # span copy (issue 4): the released recipe against natural span ends, two seeds each, beside more
-  # novel spans and a fourth layer (2026-11-28)
-  run ctl0 &
-  run ctl1 --set train.seed=1 &
-  run nat0 --set data.span_ends=natural --set data.span_words=12 &
-  run nat1 --set data.span_ends=natural --set data.span_words=12 --set train.seed=1 &
+  # span copy (issue 4): the released recipe, two seeds, beside more novel spans and a fourth layer
+  run ctl0 --set train.seed=0 &
+  run ctl1 &
   run nov7 --set data.novel_spans=0.7 &
   run L4 --set model.num_hidden_layers=4 &
 else
-  # smoke test: VARIANTS=smoke, a few steps of one variant
-  run smoke --set data.act_pack=0.5 --set train.stop_step=${SMOKE_STEPS:-20} --set train.probe_items=5 &
+  # smoke test: VARIANTS=smoke, a few steps of the released recipe
+  run smoke --set train.max_steps=${SMOKE_STEPS:-20} --set train.probe_items=5 &
 fi
 wait
 echo "all done in $(( $(date +%s) - t0 ))s"

@@ -19,9 +19,6 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 def select_tasks(max_optimal: float, per_template: int, task_type: str | None) -> tuple[list, dict[str, float]]:
     """The first ``per_template`` world/test tasks of each template within the step and type filters, and
@@ -55,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="only the per-template table")
     args = ap.parse_args(argv)
 
+    from mobilerl.config import load_params
+    from mobilerl.eval.checkpoints import checkpoint_policy
+    from mobilerl.eval.config import CheckpointSpec, EvaluateConfig
     from mobilerl.eval.metrics import grouped
     from mobilerl.eval.runner import evaluate_sync
-    from mobilerl.config import load_params
-    from stages.evaluate import CheckpointSpec, EvaluateConfig, checkpoint_policy
 
     cfg = load_params("evaluate", EvaluateConfig)
     if args.temperature is not None:

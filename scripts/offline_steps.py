@@ -17,9 +17,6 @@ import collections
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,10 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-template", type=int, default=1, help="expert-rolled tasks per template")
     args = ap.parse_args(argv)
 
+    from mobilerl.config import load_params
     from mobilerl.env.actions import parse_action
     from mobilerl.eval.androidcontrol import run_androidcontrol
-    from mobilerl.config import load_params
-    from stages.evaluate import CheckpointSpec, EvaluateConfig, checkpoint_policy, offline_episodes
+    from mobilerl.eval.checkpoints import checkpoint_policy
+    from mobilerl.eval.config import CheckpointSpec, EvaluateConfig
+    from mobilerl.eval.offline import offline_episodes
 
     cfg = load_params("evaluate", EvaluateConfig)
     policy = checkpoint_policy(Path(args.checkpoint).name, CheckpointSpec(path=args.checkpoint), cfg)

@@ -5,8 +5,8 @@
 Held-out screens: test-split tasks of the world and lab suites (never used by pretraining), oracle and
 off-policy states, less any screen identical to a train-split one: the ``pretrain`` stage's release probe,
 item for item. ``--states`` reuses a pretraining run's screen cache (``train.jsonl.gz``/``test.jsonl.gz``,
-written by ``python -m mobilerl.models.pretrain … --states DIR``) instead of collecting them (~3 minutes).
-One question per item, greedy generation, exact answer (see mobilerl/models/probe.py). ``--rows`` keeps every
+written by ``python -m mobilerl.tinybase.train … --states DIR``) instead of collecting them (~3 minutes).
+One question per item, greedy generation, exact answer (see mobilerl/tinybase/probe.py). ``--rows`` keeps every
 item's question, target and output, to read what the model gets wrong.
 ``--split train`` asks the same questions about pretraining's own train-split screens instead: where the model
 does better there, it recalls what it was trained on rather than reading the screen or the instruction.
@@ -45,19 +45,21 @@ def main() -> int:
     import torch
 
     from mobilerl.models import tiny
-    from mobilerl.models.pretrain import Profile, load_state_cache, prepare_states
-    from mobilerl.models.probe import ACCEPTANCE, release_items, score_generate
+    from mobilerl.tinybase.probe import ACCEPTANCE, release_items, score_generate
+    from mobilerl.tinybase.recipe import Recipe
+    from mobilerl.tinybase.screens import load_state_cache
+    from mobilerl.tinybase.train import prepare_states
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, processor = tiny.load(args.model)
     model.to(args.device)
-    profile = Profile.from_dict(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
+    recipe = Recipe.from_record(json.loads((Path(args.model) / "tiny.json").read_text())["profile"])
     # as the stage has them: the train screens, and the held-out screens not among them
     train, test = (load_state_cache(args.states) if args.states is not None
-                   else prepare_states(profile, log=lambda msg: None))
+                   else prepare_states(recipe, log=lambda msg: None))
     states = test if args.split == "test" else train
-    items = release_items(states, profile.data, n_per_kind=args.items, seed=args.seed)
+    items = release_items(states, recipe.data, n_per_kind=args.items, seed=args.seed)
     acc, rows = score_generate(model, processor, items)
     if args.rows is not None:
         with args.rows.open("w") as f:
@@ -73,7 +75,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(acc, indent=1))
     else:
-        where = (f"held-out screens: {len(states)} (test split, {profile.probe_per_template} tasks/template)"
+        where = (f"held-out screens: {len(states)} (test split, {recipe.probe_per_template} tasks/template)"
                  if args.split == "test" else f"pretraining's own screens: {len(states)} (train split)")
         print(f"{where}; greedy generation, exact answer; {time.time() - t0:.0f}s")
         for k, name in names.items():

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/synthetic_recall.py repeat --minutes 5           # span SEP span
     .venv/bin/python scripts/synthetic_recall.py recall --minutes 10          # key -> span lookup
     .venv/bin/python scripts/synthetic_recall.py recall --filler 500 --gap 0 --vocab 256
-    .venv/bin/python scripts/synthetic_recall.py recall --attn-sup 0.1 --prev-sup 0.1   # with head supervision
+    .venv/bin/python scripts/synthetic_recall.py recall --attn-sup 0.1 --readout 0.1   # with head supervision
 
 The pretraining's span-copy question (``type after "titled"`` → the words after the cue in the instruction)
 needs a content-addressed lookup: find the cue, copy what follows it. This script separates that skill
@@ -17,7 +17,7 @@ MLP 384, 4 heads unless ``--heads``) and AdamW:
   boilerplate there), loss on the answers. Only a lookup by content solves it.
 
 It prints the teacher-forced token accuracy of the supervised tokens every 25 steps and stops at 98% or
-after ``--minutes``. Measured figures are in docs/tiny_base.md.
+after ``--minutes``. Measured figures are in experiments/tiny_base/HISTORY.md.
 """
 
 from __future__ import annotations
@@ -29,13 +29,7 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mobilerl.models.pretrain import (
-    attention_loss,
-    copy_readout_loss,
-    enable_attention_capture,
-    previous_word_loss,
-    previous_word_targets,
-)
+from mobilerl.tinybase.losses import attention_loss, copy_readout_loss, enable_attention_capture
 
 BOS, SEP, DOT, QUERY, EQ, PAD, FIRST = 1, 2, 3, 4, 5, 0, 8  # ids below FIRST are structure tokens
 
@@ -90,8 +84,6 @@ def main() -> None:
                     help="recall: weight of the pretraining's attention supervision (last layer, head 0, answer -> source)")
     ap.add_argument("--readout", type=float, default=0.0,
                     help="recall, with --attn-sup: weight of the copy-readout loss (train.copy_readout)")
-    ap.add_argument("--prev-sup", type=float, default=0.0,
-                    help="weight of the previous-token head supervision (layer 0, head 0; train.prev_sup)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -104,8 +96,6 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     make = repeat_batch if args.task == "repeat" else recall_batch
     cap_attn = enable_attention_capture(model, -1) if args.attn_sup > 0 else None
-    cap_prev = enable_attention_capture(model, 0) if args.prev_sup > 0 else None
-    blank = torch.zeros(cfg.vocab_size, dtype=torch.bool)  # no whitespace tokens: the previous word is the previous token
     scaling = (cfg.hidden_size // cfg.num_attention_heads) ** -0.5
     t0, tokens, step = time.time(), 0, 0
     while True:
@@ -127,11 +117,6 @@ def main() -> None:
                 r_loss, r_acc = copy_readout_loss(model, -1, cap_attn["v"], pairs, x)
                 loss = loss + args.readout * r_loss
                 extra += f" readout_acc {r_acc:.2f}"
-        if cap_prev is not None:
-            p_loss, p_acc = previous_word_loss(cap_prev["q"], cap_prev["k"], previous_word_targets(x, blank, PAD), 0,
-                                               scaling)
-            loss = loss + args.prev_sup * p_loss
-            extra += f" prev_acc {p_acc:.2f}"
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -13,15 +13,17 @@ written) or when a replay does not reproduce its stored result.
 
 from __future__ import annotations
 
-import shutil
 from typing import Literal
 
 from pydantic import Field
 
 from mobilerl import tracking
-from mobilerl.config import ROOT, StageConfig, load_params, write_json
+from mobilerl.agent import OraclePolicy
+from mobilerl.config import ROOT, StageConfig, load_params, repo_path, write_json
+from mobilerl.data.collect import collect_stores
+from mobilerl.data.masking import MaskingOptions
+from mobilerl.tasks import load_tasks, spread
 
-TASKS = ROOT / "data" / "tasks" / "suites"
 OUT = ROOT / "data" / "collect"
 STORES = OUT / "stores"
 
@@ -33,10 +35,12 @@ class MaskingConfig(StageConfig):
         ["PERSON_NAME", "ADDRESS"], description="Planted values masked as known values (regex-less categories).")
     faces: bool = Field(True, description="Mask faces (Haar cascades).")
     qr: bool = Field(True, description="Mask QR codes.")
-    ocr: bool = Field(False, description="OCR screenshots and mask flagged text (slow: ~1 s per image).")
+    ocr: bool = Field(False, description="OCR every screenshot and mask flagged text (~1 s each; the audit "
+                                          "OCRs the stored ones regardless).")
     thorough_faces: bool = Field(False, description="All face cascades at 1280 px (slower, smaller faces).")
     style: Literal["fill", "blur"] = Field("fill", description="How masked image regions are hidden.")
-    image_max_side: int | None = Field(1200, ge=64, description="Stored screenshot size (longer side; null: as captured).")
+    image_max_side: int | None = Field(
+        1200, ge=64, description="Stored screenshot size, longer side (null: as captured, 1080x2400).")
     seed: int = Field(0, description="Seed of the surrogate values.")
 
 
@@ -52,93 +56,38 @@ class CollectConfig(StageConfig):
     split: Literal["train", "test"] = Field("train", description="Its split (train: never the benchmark).")
     policy: Literal["oracle"] = Field("oracle", description="Policy (model policies join with the SFT stages).")
     n_per_template: int | None = Field(2, ge=1, description="Tasks per template from the task list (null: all).")
-    max_tasks: int | None = Field(None, ge=1, description="Cap on the number of tasks, spread over templates.")
+    max_tasks: int | None = Field(None, ge=1, description="Cap on the total, spread over templates (null: no cap).")
     n_trials: int = Field(1, ge=1, description="Episodes per task.")
     perturb: str = Field("default", description="Simulator perturbation profile.")
     concurrency: int = Field(4, ge=1, description="Episodes in flight (env pool size).")
     mask_workers: int = Field(2, ge=1, description="Threads masking screenshots.")
     seed: int = Field(0, description="Base seed of the policies.")
     replay_check: bool = Field(True, description="Replay every stored episode and compare verifier results.")
-    masking: MaskingConfig = Field(default_factory=MaskingConfig)
-    human_dirs: list[str] = Field([], description="Human-annotated exports (episodes.jsonl + images) to import.")
-    androidcontrol: AndroidControlConfig = Field(default_factory=AndroidControlConfig)
+    masking: MaskingConfig = Field(default_factory=MaskingConfig, description="How data is masked before storage.")
+    human_dirs: list[str] = Field(
+        [], description="Human-annotated exports to import (episodes.jsonl + images, docs/data_schema.md).")
+    androidcontrol: AndroidControlConfig = Field(default_factory=AndroidControlConfig,
+                                                  description="AndroidControl files converted into a store.")
 
 
-def load_tasks(suite: str, split: str, per_template: int | None = None) -> list:
-    """The first ``per_template`` tasks of each template from the `tasks` stage's list."""
-    import json
-
-    from mobilerl.env.base import TaskSpec
-
-    path = TASKS / f"{suite}_{split}.jsonl"
-    if not path.exists():
-        raise SystemExit(f"collect: {path} not found: run the `tasks` stage first (dvc repro tasks)")
-    out, seen = [], {}
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            t = TaskSpec.from_dict(json.loads(line))
-        except (json.JSONDecodeError, TypeError, KeyError) as e:
-            raise ValueError(f"{path}:{lineno}: corrupt task record: {e}") from None
-        seen[t.template] = seen.get(t.template, 0) + 1
-        if per_template is None or seen[t.template] <= per_template:
-            out.append(t)
-    return out
-
-
-def _tasks(cfg: CollectConfig):
-    tasks = load_tasks(cfg.suite, cfg.split, cfg.n_per_template)
-    if cfg.max_tasks is not None and len(tasks) > cfg.max_tasks:
-        step = len(tasks) / cfg.max_tasks
-        tasks = [tasks[int(i * step)] for i in range(cfg.max_tasks)]
-    return tasks
-
-
-def _masking(cfg: CollectConfig):
-    from mobilerl.data.collect import MaskingOptions
-
-    m = cfg.masking
+def masking_options(m: MaskingConfig) -> MaskingOptions:
     return MaskingOptions(mode=m.mode, known_categories=tuple(m.known_categories), faces=m.faces, qr=m.qr,
                           ocr=m.ocr, thorough_faces=m.thorough_faces, style=m.style,
                           image_max_side=m.image_max_side, seed=m.seed)
 
 
-def run(cfg: CollectConfig) -> dict:
-    from mobilerl.agent import OraclePolicy
-    from mobilerl.data.androidcontrol import convert_to_store
-    from mobilerl.data.collect import collect_sync, import_human, replay_check
-
-    if STORES.exists():
-        shutil.rmtree(STORES)
-    STORES.mkdir(parents=True)
-    opts = _masking(cfg)
-    tasks = _tasks(cfg)
-    policy = OraclePolicy()
-    res = collect_sync(lambda seed: policy, tasks, STORES / "collected", masking=opts, n_trials=cfg.n_trials,
-                       concurrency=cfg.concurrency, perturb=cfg.perturb, base_seed=cfg.seed,
-                       mask_workers=cfg.mask_workers, source="collected")
-    metrics: dict = {"collected": res.summary(), "tasks": len(tasks)}
-    if cfg.replay_check:
-        rep = replay_check(STORES / "collected", res.secrets, perturb=cfg.perturb)
-        metrics["replay"] = {k: (len(v) if isinstance(v, list) else v) for k, v in rep.items()}
-        metrics["replay"]["differ_ids"] = rep["differ"][:20]
-    res.secrets.clear()  # the raw values live no longer than needed
-    for i, d in enumerate(cfg.human_dirs):
-        name = "human" if len(cfg.human_dirs) == 1 else f"human{i}"
-        metrics[name] = import_human(ROOT / d, STORES / name, masking=opts).summary()
-    if cfg.androidcontrol.paths:
-        ac = cfg.androidcontrol
-        metrics["androidcontrol"] = convert_to_store([ROOT / p for p in ac.paths], STORES / "androidcontrol",
-                                                     split=ac.split, masking=opts, max_episodes=ac.max_episodes,
-                                                     add_finish=ac.add_finish).summary()
-    return metrics
-
-
 def main() -> None:
     cfg = load_params("collect", CollectConfig)
+    tasks = spread(load_tasks(cfg.suite, cfg.split, cfg.n_per_template), cfg.max_tasks, float_step=True)
+    policy = OraclePolicy()
+    ac = cfg.androidcontrol
     with tracking.stage_run("collect", cfg.model_dump()) as run_:
-        metrics = run(cfg)
+        metrics = collect_stores(
+            STORES, tasks, masking_options(cfg.masking), lambda seed: policy, n_trials=cfg.n_trials,
+            concurrency=cfg.concurrency, perturb=cfg.perturb, base_seed=cfg.seed, mask_workers=cfg.mask_workers,
+            replay=cfg.replay_check, human_dirs=[repo_path(d) for d in cfg.human_dirs],
+            androidcontrol={"paths": [repo_path(p) for p in ac.paths], "split": ac.split,
+                            "max_episodes": ac.max_episodes, "add_finish": ac.add_finish})
         tracking.log_metrics({"collect": {k: v for k, v in metrics.items() if k != "replay"},
                               "collect/replay": metrics.get("replay", {})})
         metrics["mlflow_run_id"] = run_.info.run_id

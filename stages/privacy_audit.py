@@ -24,7 +24,7 @@ OUT = ROOT / "data" / "privacy"
 
 class PrivacyAuditConfig(StageConfig):
     ocr: bool = Field(True, description="OCR stored screenshots and scan their text too.")
-    ocr_max_images: int | None = Field(150, ge=1, description="Screenshots OCR'd per store (null: all of them).")
+    ocr_max_images: int | None = Field(150, ge=1, description="Screenshots OCR'd per store (null: every one).")
     ocr_workers: int = Field(2, ge=1, description="Parallel tesseract processes.")
     ocr_scale: float = Field(1.0, gt=0, description="Image scale for OCR.")
     seed: int = Field(0, description="Seed of the OCR sample.")

@@ -37,8 +37,9 @@ class SftDataConfig(StageConfig):
     sources: dict[Literal["collected", "human", "androidcontrol"], SourceConfig] = Field(
         default_factory=lambda: {"collected": SourceConfig(), "human": SourceConfig(),
                                  "androidcontrol": SourceConfig(variant="both")},
-        description="Sources by store name (missing stores are skipped).")
-    mode: Literal["xml", "screenshot", "screenshot+xml"] = Field("screenshot+xml", description="Observation mode.")
+        description="Sources by store name, with their mixing weights (missing stores are skipped).")
+    mode: Literal["xml", "screenshot", "screenshot+xml"] = Field(
+        "screenshot+xml", description="Observation mode (the tiny model reads the XML; screenshots cost tokens).")
     prompt_style: Literal["full", "compact"] = Field(
         "full", description="System prompt: full (action space spelled out; large profiles) or compact (tiny).")
     coords: Literal["abs", "rel", "marks"] = Field(
@@ -46,7 +47,8 @@ class SftDataConfig(StageConfig):
                            "(the 0-999 grid) or marks (numbered lines, index actions); the base's frame.")
     reasoning: bool = Field(False, description="Keep <think> of the data (reasoning-free SFT: false).")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of tasks held out for validation.")
-    max_history: int | None = Field(None, ge=0, description="Previous actions shown (null: all).")
+    max_history: int | None = Field(
+        None, ge=0, description="Previous responses shown (null: all); the profile's generation.max_history.")
     image_max_side: int | None = Field(None, ge=28, description="Downscale images (null: as stored).")
     name: str = Field("mobilerl_sft", description="Dataset name prefix in dataset_info.json.")
     action_weights: dict[str, float] = Field(

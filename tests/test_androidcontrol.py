@@ -7,11 +7,10 @@ import asyncio
 import pytest
 
 from mobilerl.agent import PolicyContext, PolicyOutput, ScriptedPolicy
+from mobilerl.data.androidcontrol_actions import GTStep, from_androidcontrol
 from mobilerl.env.actions import Action, format_action
 from mobilerl.eval.androidcontrol import (
     ACEpisode,
-    GTStep,
-    from_androidcontrol,
     judge_response,
     judge_step,
     miss_kind,

@@ -190,7 +190,7 @@ def test_simulator_episode_round_trip(tmp_path):
         if a.name == A.SWIPE:
             assert got.direction == a.direction
     # the masked store: the raw phone number of the instruction and the screens is gone
-    from mobilerl.data.collect import MaskingOptions
+    from mobilerl.data.masking import MaskingOptions
 
     res = AC.convert_to_store([path], tmp_path / "store", masking=MaskingOptions(image_max_side=1200), progress=False)
     (stored,) = read_store(tmp_path / "store")

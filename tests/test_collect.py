@@ -12,7 +12,9 @@ from PIL import Image, ImageDraw, ImageFont
 from mobilerl.agent import OraclePolicy
 from mobilerl.data import privacy as P
 from mobilerl.data.audit import audit
-from mobilerl.data.collect import MaskingOptions, collect_sync, find_canaries, import_human, replay_check
+from mobilerl.data.collect import collect_sync, replay_check
+from mobilerl.data.human import import_human
+from mobilerl.data.masking import MaskingOptions, find_canaries
 from mobilerl.data.store import iter_store, read_store, write_store
 from mobilerl.env.actions import Action, parse_action
 from mobilerl.env.sim.tasks.registry import get_task

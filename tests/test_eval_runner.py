@@ -9,13 +9,14 @@ import random
 import pytest
 
 from mobilerl.agent import NoisyPolicy, OraclePolicy, RandomPolicy, ScriptedPolicy
-from mobilerl.data import read_jsonl
+from mobilerl.agent.runner import episode_seed
 from mobilerl.env.actions import Action, format_action
 from mobilerl.env.base import EnvCrashed, TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.env.sim.tasks import get_task, templates
 from mobilerl.env.sim.tasks.registry import n_instances
-from mobilerl.eval import episode_seed, evaluate_sync, sim_template_texts, summarize
+from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
+from mobilerl.trajectory import read_jsonl
 
 TAP = format_action(Action("Tap", element=BUTTON))
 

@@ -1,4 +1,5 @@
-"""Stage `evaluate`: checkpoint policies by name (profile settings, clear errors) next to the baselines."""
+"""Stage `evaluate` (mobilerl.eval): checkpoint policies by name (profile settings, clear errors) next to the
+baselines, the pass@k study, the offline step evaluation."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from tiny_checkpoint import session_checkpoint
 
 from mobilerl.agent import prompt
 from mobilerl.agent.model_policy import ModelPolicy
+from mobilerl.config import ParamsError, load_params
 from mobilerl.env.sim.tasks import get_task
 from mobilerl.eval import evaluate_sync
+from mobilerl.eval.checkpoints import make_policy_factory, policy_tasks
+from mobilerl.eval.config import EvaluateConfig, check_policies
 from mobilerl.models.hf_backend import HFBackend
 from mobilerl.models.profiles import load_profile
-from mobilerl.config import ParamsError, load_params
-from stages.evaluate import EvaluateConfig, check_policies, make_policy_factory, policy_tasks
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def test_params_name_bad_policies_and_checkpoints(tmp_path):
 
 
 def test_report_has_the_sampling_study_with_only_the_estimable_pass_at_k():
-    from stages.report import ReportConfig, metrics_json, render_markdown
+    from mobilerl.eval.report import ReportConfig, metrics_json, render_markdown
 
     def summary(n, c, k_max, level_tasks):
         return {"eval/n_tasks": level_tasks, "n_trials": n, "temperature": 1.0, "mlflow_run_id": "abcdef0123",
@@ -116,7 +118,7 @@ def test_checkpoint_policy_runs_through_the_runner(ckpt, tmp_path):
 
 
 def test_checkpoint_episodes_run_in_worker_processes(ckpt, tmp_path):
-    from stages.evaluate import run_checkpoint
+    from mobilerl.eval.checkpoints import run_checkpoint
 
     cfg = config(tmp_path, policies=["ck"], model_concurrency=8, temperature=1.0, seed=3, model_processes=2,
                  checkpoints={"ck": {"path": str(ckpt), "max_new_tokens": 6}})
@@ -163,11 +165,10 @@ def test_inspect_policy_selects_short_templates_and_reports_pass_at_k(ckpt, caps
 
 
 def test_pass_k_study_samples_every_task_n_times(ckpt, tmp_path, monkeypatch):
-    import stages.evaluate as E
     from mobilerl import tracking
+    from mobilerl.eval.benchmark import pass_k_study
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr(E, "OUT", tmp_path)
     (tmp_path / "trajectories").mkdir()
     cfg = config(tmp_path, policies=["ck"], model_concurrency=8, temperature=0.0, seed=3, model_processes=1,
                  checkpoints={"ck": {"path": str(ckpt), "max_new_tokens": 6}},
@@ -175,7 +176,7 @@ def test_pass_k_study_samples_every_task_n_times(ckpt, tmp_path, monkeypatch):
     check_policies(cfg)
     tasks = [get_task(f"world/test/{t}/0") for t in ("CameraTakePhoto", "ContactsAddContact", "SystemWifiTurnOnOff")]
     with tracking.stage_run("evaluate"):
-        out = E.pass_k_study(cfg, {"world": tasks})
+        out = pass_k_study(cfg, {"world": tasks}, tmp_path / "trajectories")
     s = out["ck"]["world"]
     assert (s["n_trials"], s["temperature"], s["eval/n_tasks"], s["eval/n_trajectories"]) == (3, 1.0, 2, 6)
     assert s["eval/pass@2"] is not None and s["eval/pass@4"] is None and s["mlflow_run_id"]
@@ -194,18 +195,18 @@ def test_the_random_baseline_is_scored_offline_as_the_floor(tmp_path, monkeypatc
     import contextlib
     import types
 
-    import stages.evaluate as E
+    import mobilerl.eval.offline as O
     from mobilerl.agent import OraclePolicy, RandomPolicy
     from mobilerl.eval.androidcontrol import from_trajectory
 
     run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))  # no MLflow store to migrate (~1 min)
-    monkeypatch.setattr(E.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
-    monkeypatch.setattr(E.tracking, "log_metrics", lambda metrics: None)
+    monkeypatch.setattr(O.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
+    monkeypatch.setattr(O.tracking, "log_metrics", lambda metrics: None)
     cfg = config(tmp_path, policies=["random"])
     tasks = [get_task(f"world/test/{t}/0", with_optimal=False)
              for t in ("ContactsAddContact", "SystemWifiTurnOnOff", "ClockStopWatchRunning", "SmsSendToContact")]
     episodes = [from_trajectory(t) for t in evaluate_sync(lambda seed: OraclePolicy(), tasks, progress=False)]
-    m = E.evaluate_offline("random", RandomPolicy(0), episodes, cfg)  # a policy without a coords frame
+    m = O.evaluate_offline("random", RandomPolicy(0), episodes, cfg)  # a policy without a coords frame
     n = m["androidcontrol/high/n_steps"]
     assert n == sum(len(e.actions) for e in episodes) >= 12 and m["mlflow_run_id"] == "r1"
     assert 0.0 <= m["androidcontrol/high/step_success_rate"] < 0.15  # random taps rarely hit the expert's element

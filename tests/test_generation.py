@@ -194,6 +194,35 @@ def test_generate_and_score_agree(hf):
     np.testing.assert_allclose(by_text, run(hf.score(text_request(), [*ids, hf.eos_id])), atol=1e-6)
 
 
+def test_sampled_logprobs_are_token_logprobs_of_a_teacher_forced_forward(hf):
+    """The one definition of a token logprob (:mod:`mobilerl.models.logprobs`, what the RL trainer recomputes):
+    a response's logprobs are ``token_logprobs`` of a plain transformers forward over the prompt and the
+    returned token ids, at the sampling temperature (1 when greedy)."""
+    import torch
+
+    from mobilerl.models.logprobs import token_logprobs
+
+    for req in (text_request("Tap OK please"), image_request()):
+        enc = hf.processor(text=[hf.render(req)], images=list(req.images) if req.images else None,
+                           return_tensors="pt")
+        p = enc["input_ids"].shape[1]
+        for sc in (SamplingConfig(temperature=0, max_new_tokens=12),
+                   SamplingConfig(temperature=1.0, max_new_tokens=12, seed=3),
+                   SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=4)):
+            [g] = run(hf.generate([req], sc))
+            assert len(g.token_ids) == len(g.logprobs) >= 1
+            tail = torch.tensor([g.token_ids])
+            # per-token inputs go on over the answer: its ids, attention 1, token type 0 (text)
+            fill = {"input_ids": tail, "attention_mask": torch.ones_like(tail)}
+            inputs = {k: torch.cat([v, fill.get(k, torch.zeros_like(tail)).to(v.dtype)], 1)
+                      if v.shape == enc["input_ids"].shape else v for k, v in enc.items()}
+            with torch.inference_mode():
+                logits = hf.model(**inputs).logits[0]  # (p + n, V): position i predicts token i + 1
+            ids = inputs["input_ids"][0]
+            recomputed = token_logprobs(logits[p - 1:-1], ids[p:], sc.logprob_temperature)
+            np.testing.assert_allclose(recomputed.numpy(), g.logprobs, atol=1e-4)
+
+
 def test_stop_strings_cut_text_and_stop_early(hf):
     req = text_request("x")
     [g] = run(hf.generate([req], SamplingConfig(temperature=1.0, max_new_tokens=16, seed=11)))
@@ -208,7 +237,7 @@ def test_rows_ending_early_are_dropped_from_the_batch_without_changing_the_other
     # Make rows 0-3 end after two tokens: their second sampled tokens become end-of-turn tokens (unless rows
     # 4-5 ever sample them). Once at most half of the rows are live, the batch cache is compacted (rows and
     # left padding dropped): every row must still match its unbatched generation.
-    import mobilerl.models.hf_backend as hb
+    from mobilerl.models.decode_cache import growing_layer
 
     reqs = [text_request(s) for s in ("", "Back", "Tap OK please", "hello", "Swipe up", "x y z")]
     scs = [SamplingConfig(temperature=1.0, max_new_tokens=10, seed=100 * i) for i in range(len(reqs))]
@@ -217,7 +246,7 @@ def test_rows_ending_early_are_dropped_from_the_batch_without_changing_the_other
     be = HFBackend(hf.model, hf.processor, max_batch=8, batch_wait_ms=20)
     be.eos_ids = set(hf.eos_ids) | ({g.token_ids[1] for g in free[:4]} - late)
     selects = []
-    layer = hb._growing_layer()
+    layer = growing_layer()
     orig = layer.select
     monkeypatch.setattr(layer, "select", lambda self, rows, start: (selects.append(len(rows)), orig(self, rows, start)))
 
@@ -291,7 +320,7 @@ def test_prefix_cache_prefills_only_what_is_new_and_changes_nothing(hf, ckpt):
 
 
 def test_prompt_lookup_guesses_copies_and_loops():
-    from mobilerl.models.hf_backend import PromptLookup
+    from mobilerl.models.speculation import PromptLookup
 
     assert PromptLookup([5, 1, 2, 3, 4, 9, 1, 2]).draft([], 3) == [3, 4, 9]  # "1 2" went on as "3 4 9"
     # The longest matching n-gram wins: "1 2 3" continued "8 0", the later "2 3" continued "5 1".
@@ -340,7 +369,7 @@ def test_speculative_decoding_is_plain_greedy_decoding(ckpt):
 
 
 def test_response_lookup_guesses_how_answers_usually_go():
-    from mobilerl.models.hf_backend import ResponseLookup
+    from mobilerl.models.speculation import ResponseLookup
 
     lk = ResponseLookup(window=3)
     assert lk.draft([], 4) == []  # nothing seen yet
@@ -400,13 +429,13 @@ def replace_stop(sc: SamplingConfig) -> SamplingConfig:
 def test_sampler_draws_from_the_nucleus_per_row_streams():
     import torch
 
-    from mobilerl.models.hf_backend import _Sampler
+    from mobilerl.models.sampler import Sampler
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4))
     n = 4000
     cfgs = [SamplingConfig(temperature=0), SamplingConfig(temperature=1.0), SamplingConfig(temperature=1.0, top_p=0.7),
             SamplingConfig(temperature=1.0)]
-    sampler = _Sampler(cfgs, [1, 2, 3, 4], n, suppress=[3], device="cpu")
+    sampler = Sampler(cfgs, [1, 2, 3, 4], n, suppress=[3], device="cpu")
     rows = torch.arange(4)
     draws = torch.stack([sampler(logits, rows, t) for t in range(n)])  # (n, 4)
     assert (draws[:, 0] == 0).all()  # greedy
@@ -415,7 +444,7 @@ def test_sampler_draws_from_the_nucleus_per_row_streams():
     np.testing.assert_allclose(freq[:3].numpy(), [0.526, 0.316, 0.158], atol=0.03)
     assert set(draws[:, 2].tolist()) == {0, 1}  # nucleus 0.7 of the renormalised probabilities: tokens 0 and 1
     # A row's draws depend on its seed, not on the other rows or their order.
-    alone = _Sampler([cfgs[3]], [4], n, suppress=[3], device="cpu")
+    alone = Sampler([cfgs[3]], [4], n, suppress=[3], device="cpu")
     assert all(int(alone(logits[:1], torch.tensor([0]), t)) == int(draws[t, 3]) for t in range(50))
 
 

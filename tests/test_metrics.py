@@ -6,14 +6,12 @@ import math
 
 import pytest
 
-from mobilerl.data import StepRecord, Trajectory
 from mobilerl.eval.metrics import (
     TaskFeatures,
     classify_failure,
     complexity_level,
     difficulty_buckets,
     failure_flags,
-    flatten,
     has_loop,
     lab_metrics,
     pass_at_k,
@@ -23,6 +21,8 @@ from mobilerl.eval.metrics import (
     tertile_buckets,
     wilson_interval,
 )
+from mobilerl.tracking import flatten
+from mobilerl.trajectory import StepRecord, Trajectory
 
 # ------------------------------------------------------------------------------------- pass@k
 
@@ -317,7 +317,7 @@ def test_summarize_pass_at_k_and_buckets():
     assert s["eval/by_app"]["Contacts"]["n_trajectories"] == 24
     assert s["lab/sr"] == s["eval/success_rate"]
     assert s["failures/never_finished"] == 14 and s["failures/env_error"] == 0
-    flat = flatten(s)
+    flat = flatten(s, sep="/")
     assert flat["eval/by_difficulty/medium/pass@1"] == pytest.approx(0.25)
     assert all(not isinstance(v, dict) for v in flat.values())
     empty = summarize([])

@@ -43,6 +43,7 @@ def test_rollout_on_a_simulator_task_runs(hf):
     assert 1 <= len(traj.steps) <= task.max_steps
     for s in traj.steps:  # an untrained model: mostly invalid actions, never a crash
         assert s.logprobs and all(lp <= 0 for lp in s.logprobs)
+        assert s.token_ids and len(s.token_ids) == len(s.logprobs)  # RL recomputes the logprobs of these ids
         assert s.valid or s.invalid
     assert traj.success is False
 
@@ -169,6 +170,7 @@ def test_greedy_policy_answers_a_repeated_prompt_from_memory_and_sampling_does_n
     outs = [asyncio.run(greedy.act(c)) for c in (ctx, ctx, moved, ctx)]
     assert greedy.backend.calls == 2 and greedy.reused == 2  # the changed screen is a new prompt
     assert outs[0] is outs[1] is outs[3] and outs[2].text == outs[0].text
+    assert outs[3].token_ids == [1] and outs[3].logprobs == [-0.1]  # a reused answer reuses its tokens
     assert greedy.with_seed(1).reused == 0 and not greedy.with_seed(1)._answered  # a new episode forgets
     sampled = ModelPolicy(_Counting('<answer>do(action="Back")</answer>'), sampling=SamplingConfig(temperature=1.0))
     for _ in range(3):
@@ -195,3 +197,25 @@ def test_a_stuck_greedy_agent_is_answered_from_memory_once_its_history_window_is
         assert policy.backend.calls == (6 if reuse else 10) and policy.reused == (4 if reuse else 0)
     assert [s.response for s in trajs[True].steps] == [s.response for s in trajs[False].steps]
     assert [s.xml_compressed for s in trajs[True].steps] == [s.xml_compressed for s in trajs[False].steps]
+
+
+class _NoIds(_Fixed):
+    """A plain OpenAI-style server: logprobs without token ids."""
+
+    async def generate(self, requests, sampling):
+        from mobilerl.models.generation import Generation
+
+        return [Generation(self.text, [], [-0.1, -0.2], "stop") for _ in requests]
+
+
+def test_token_ids_come_with_the_logprobs_and_with_a_reused_answer(hf):
+    task = short_task(5)
+    ctx = PolicyContext(task, CounterEnv().reset(task), "Button;clickable;Add;[390,1100][690,1300]", (), 0, "e#0")
+    greedy = ModelPolicy(hf, obs_mode="xml", sampling=SamplingConfig(temperature=0, max_new_tokens=12))
+    first = asyncio.run(greedy.act(ctx))
+    again = asyncio.run(greedy.act(ctx))
+    assert greedy.reused == 1 and again.token_ids == first.token_ids and again.logprobs == first.logprobs
+    [gen] = asyncio.run(hf.generate([greedy.request(ctx)], greedy.sampling))
+    assert first.token_ids == gen.token_ids and len(first.token_ids) == len(first.logprobs) >= 1
+    unknown = asyncio.run(ModelPolicy(_NoIds("x")).act(ctx))
+    assert unknown.token_ids is None and unknown.logprobs == [-0.1, -0.2]

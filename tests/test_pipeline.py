@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.flow import ROOT, apply_overrides, load_overrides, stage_order
 from mobilerl.config import ParamsError, StageConfig, load_params
+from pipelines.flow import ROOT, apply_overrides, load_overrides, stage_order
 
 
 def test_dag_matches_stage_modules():
@@ -71,7 +71,7 @@ def test_params_errors_name_the_key(tmp_path):
         load_params("s", Cfg, p)
 
 
-def test_overrides_and_profiles(tmp_path):
+def test_overrides_and_presets(tmp_path):
     p = tmp_path / "params.yaml"
     p.write_text("# keep me\nevaluate:\n  n_trials: 1  # trials\n  suites: [world]\n")
     apply_overrides(p, {"evaluate.n_trials": 8})
@@ -81,7 +81,7 @@ def test_overrides_and_profiles(tmp_path):
         apply_overrides(p, {"evaluate.n_trails": 8})
     smoke = load_overrides("smoke", {"evaluate.n_trials": 2})
     assert smoke["evaluate.max_per_template"] == 1 and smoke["evaluate.n_trials"] == 2
-    with pytest.raises(ValueError, match="unknown profile"):
+    with pytest.raises(ValueError, match="unknown preset"):
         load_overrides("huge", None)
 
 
@@ -97,7 +97,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("MOBILERL_PARENT_RUN_ID", raising=False)
     with prefect_test_harness():
-        summary = mobilerl(profile="smoke", isolated=True, keep_workdir=True)
+        summary = mobilerl(preset="smoke", isolated=True, keep_workdir=True)
     work = Path(summary["workdir"])
     try:
         assert [r["stage"] for r in summary["stages"]] == stage_order(work)

@@ -14,7 +14,8 @@ import pytest
 from mobilerl.env.actions import Action
 from mobilerl.env.base import EnvCrashed, EnvError, EnvTimeout, Observation, StepResult
 from mobilerl.env.fake import BUTTON, CounterEnv
-from mobilerl.env.pool import EnvPool, LatencyEnv, PoolClosed, PoolExhausted, ProcessEnv, ThreadEnv
+from mobilerl.env.pool import EnvPool, LatencyEnv, PoolClosed, PoolExhausted, ThreadEnv
+from mobilerl.env.process_env import ProcessEnv
 
 TAP = Action("Tap", element=BUTTON)
 BACK = Action("Back")

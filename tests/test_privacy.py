@@ -13,6 +13,8 @@ from PIL import Image, ImageDraw
 from mobilerl.data import privacy as P
 from mobilerl.data import privacy_corpus as C
 from mobilerl.data import privacy_image as PI
+from mobilerl.data.checksums import cn_id_ok
+from mobilerl.data.privacy_phone import phone_value_ok
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,7 @@ def test_surrogates_keep_shape():
     assert card.startswith("Card number: 4") and len(card) == len("Card number: 4242 4242 4242 4242")
     assert card != "Card number: 4242 4242 4242 4242"
     cid = m("身份证号：11010519491231002X")
-    assert P.cn_id_ok(cid.split("：")[1])  # a valid-looking ID, not the raw one
+    assert cn_id_ok(cid.split("：")[1])  # a valid-looking ID, not the raw one
     plate = m("车牌号：京A·12345")
     assert plate.startswith("车牌号：") and plate != "车牌号：京A·12345"
 
@@ -143,7 +145,7 @@ def test_text_masking_throughput():
     size = sum(len(t.encode()) for t in texts)
     best = 0.0
     for _ in range(3):  # CPU time of this process: other load on the machine does not count
-        P._phone_value_ok.cache_clear()
+        phone_value_ok.cache_clear()
         t0 = time.process_time()
         m = P.TextMasker("token")
         for t in texts:
@@ -268,9 +270,9 @@ def test_ui_dump_boxes_are_filled():
 def test_values_seen_with_context_are_masked_everywhere_in_the_episode():
     import json
 
-    from mobilerl.data.collect import mask_trajectory
-    from mobilerl.trajectory import StepRecord, Trajectory
+    from mobilerl.data.masking import mask_trajectory
     from mobilerl.env.actions import Action
+    from mobilerl.trajectory import StepRecord, Trajectory
 
     finish = Action("Finish", message="329717650732")
     traj = Trajectory(task_id="x", instruction="What is the tracking number of my parcel?", answer="329717650732",

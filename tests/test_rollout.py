@@ -17,8 +17,7 @@ from mobilerl.agent import (
     parse_compressed,
     rollout,
 )
-from mobilerl.agent.policy import PolicyError
-from mobilerl.data import StepRecord, Trajectory, read_jsonl, write_jsonl
+from mobilerl.agent.policy import PolicyError, PolicyOutput
 from mobilerl.env.actions import Action, format_action, parse_action
 from mobilerl.env.base import EnvCrashed, EnvError, Observation, StepResult, TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
@@ -27,6 +26,7 @@ from mobilerl.env.sim import SimEnv
 from mobilerl.env.sim.tasks import get_task
 from mobilerl.env.xml import compress_xml
 from mobilerl.eval.metrics import classify_failure
+from mobilerl.trajectory import StepRecord, Trajectory, read_jsonl, write_jsonl
 
 TAP = format_action(Action("Tap", element=BUTTON))
 FINISH = 'finish(message="done")'
@@ -254,6 +254,57 @@ def test_trajectory_round_trip(tmp_path):
     write_jsonl(path, [traj], append=True)
     assert read_jsonl(path) == [traj] * 3
     assert isinstance(read_jsonl(path)[0].steps[0], StepRecord)
+
+
+def test_token_ids_travel_with_logprobs_into_records_jsonl_and_stores(tmp_path):
+    """A policy's token ids reach its step records beside their logprobs and survive JSONL and the Parquet
+    store; records without any keep the bytes they had (no ``token_ids`` key, no store column)."""
+    import pyarrow.parquet as pq
+
+    from mobilerl.data.masking import mask_trajectory
+    from mobilerl.data.privacy import TextMasker
+    from mobilerl.data.store import StoreWriter, iter_store
+
+    policy = ScriptedPolicy([TAP, TAP, FINISH], logprobs=[[-0.5, -0.25], None, [-1.0]], token_ids=[[5, 6], None, [9]])
+    traj = run(rollout(ThreadEnv(CounterEnv()), policy, counter_task(2)))
+    assert [s.token_ids for s in traj.steps] == [[5, 6], None, [9]]
+    assert [s.logprobs for s in traj.steps] == [[-0.5, -0.25], None, [-1.0]]
+    d = traj.to_dict()
+    assert d["steps"][0]["token_ids"] == [5, 6] and "token_ids" not in d["steps"][1]
+    assert Trajectory.from_dict(json.loads(json.dumps(d))) == traj
+    assert "token_ids" not in json.dumps(_traj().to_dict())
+    with pytest.raises(ValueError, match="1 token ids but 2 logprobs"):
+        StepRecord.from_dict({**d["steps"][0], "token_ids": [5]})
+    with pytest.raises(ValueError, match="2 token ids but 1 logprobs"):
+        PolicyOutput("x", [-0.1], [1, 2])
+
+    def columns(root):
+        return pq.read_schema(root / "trajectories.parquet").field("steps").type.value_type.names
+
+    plain = _traj()
+    with StoreWriter(tmp_path / "plain") as w:
+        w.write(plain)
+    assert "token_ids" not in columns(tmp_path / "plain")
+    # batch 1: the row group without token ids is on disk before the first episode with them arrives
+    for batch, reproducible in ((1, True), (1, False), (64, True)):
+        root = tmp_path / f"store{batch}{reproducible}"
+        with StoreWriter(root, batch=batch, reproducible=reproducible) as w:
+            w.write(plain)
+            w.write(traj)
+        assert "token_ids" in columns(root)
+        back = {t.task_id: t for t in iter_store(root)}
+        assert [s.token_ids for s in back[traj.task_id].steps] == [[5, 6], None, [9]]
+        assert [s.logprobs for s in back[traj.task_id].steps] == [[-0.5, -0.25], None, [-1.0]]
+        assert all(s.token_ids is None for s in back[plain.task_id].steps)
+        assert [s.response for s in back[plain.task_id].steps] == [s.response for s in plain.steps]
+    # Masking that changes a response drops its token ids (they would decode to the unmasked text).
+    secret = run(rollout(ThreadEnv(CounterEnv()), ScriptedPolicy(
+        ['finish(message="call 0612345678")'], logprobs=[[-0.5]], token_ids=[[3]]), counter_task(3)))
+    kept = run(rollout(ThreadEnv(CounterEnv()), ScriptedPolicy([FINISH], logprobs=[[-0.5]], token_ids=[[3]]),
+                       counter_task(3)))
+    masked = mask_trajectory(secret, TextMasker("token"))
+    assert "0612345678" not in masked.steps[0].response and masked.steps[0].token_ids is None
+    assert mask_trajectory(kept, TextMasker("token")).steps[0].token_ids == [3]
 
 
 def test_corrupt_jsonl_line_names_file_and_line(tmp_path):

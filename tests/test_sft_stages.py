@@ -1,7 +1,7 @@
 """The SFT stages end to end, each run the way DVC runs it (``python -m stages.<name>``) in a temporary copy
-of ``stages/`` + ``params.yaml`` with a few expert episodes, a random-init tiny checkpoint as the base,
-a few LLaMA-Factory steps and its own MLflow store: sft_data → sft_reasoning_free → reasoning_bootstrap →
-reasoning_refine → sft_reasoning."""
+of ``stages/``, ``mobilerl/``, ``configs/`` and ``params.yaml`` with a few expert episodes, a random-init tiny
+checkpoint as the base, a few LLaMA-Factory steps and its own MLflow store: sft_data → sft_reasoning_free →
+reasoning_bootstrap → reasoning_refine → sft_reasoning."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def repo(tmp_path_factory):
     from pipelines.flow import apply_overrides
 
     work = tmp_path_factory.mktemp("sft-stages")
-    shutil.copytree(ROOT / "stages", work / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    # the library too: its ROOT (where stages read params and write outs) is the folder holding mobilerl/
+    for folder in ("stages", "mobilerl", "configs"):
+        shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "params.yaml", work / "params.yaml")
     policy = OraclePolicy()
     collect_sync(lambda s: policy, [get_task(t, with_optimal=False) for t in TASKS],
@@ -175,7 +177,7 @@ def test_refine_records_acceptance_per_round(repo, refine):
         assert r["steps"] == 3 and r["candidates"] == 6 and 0.0 <= r["acceptance_rate"] <= 1.0
         assert m["acceptance_rate"][f"round_{r['round']}"] == r["acceptance_rate"]
         assert r["train"]["steps"] == 2
-    from stages.reasoning_refine import without_timings
+    from mobilerl.sft.refine import without_timings
 
     # the dataset folder's copy leaves out the timings (a re-run with the same corpus writes the same bytes)
     stored = json.loads((refine / "rounds.json").read_text())
@@ -215,7 +217,7 @@ def test_prompt_format_mismatch_is_refused(tmp_path):
     """A dataset built for another prompt format than the profile evaluates with is an error that names it."""
     from types import SimpleNamespace
 
-    from stages.sft_reasoning_free import check_prompt_format
+    from mobilerl.sft.train import check_prompt_format
 
     profile = SimpleNamespace(name="tiny", generation=SimpleNamespace(obs_mode="xml", prompt_style="compact",
                                                                       max_history=None))
@@ -227,7 +229,7 @@ def test_prompt_format_mismatch_is_refused(tmp_path):
 
 
 def test_a_base_pretrained_in_another_frame_is_refused(tmp_path):
-    from stages.sft_reasoning_free import check_base_frame
+    from mobilerl.sft.train import check_base_frame
 
     (tmp_path / "tiny.json").write_text(json.dumps({"profile": {"data": {"coords": "rel"}}}))
     check_base_frame(tmp_path, "rel")
@@ -240,7 +242,7 @@ def test_refine_adopts_the_best_scored_matching_explanations(repo, bootstrap, tm
     """The refinement loop with a scripted policy (training stubbed out): matching proposals are scored,
     the best one replaces the step's explanation, and the written corpus shows it."""
     import mobilerl.sft.llamafactory as LF
-    import stages.reasoning_refine as R
+    import mobilerl.sft.refine as R
     from mobilerl.models.generation import Generation
     from mobilerl.sft.reasoning import PromptFormat, episodes_by_split
 

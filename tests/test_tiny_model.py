@@ -1,4 +1,4 @@
-"""The tiny base model: factory, tokenizer, pretraining data, training loop, the committed checkpoint."""
+"""The tiny base model: factory, tokenizer, its recipe (mobilerl.tinybase), training loop, the committed checkpoint."""
 
 from __future__ import annotations
 
@@ -13,18 +13,10 @@ torch = pytest.importorskip("torch")
 
 from mobilerl.env.actions import Action, format_action, parse_action  # noqa: E402
 from mobilerl.models import tiny  # noqa: E402
-from mobilerl.models.pretrain_data import (  # noqa: E402
-    DataConfig,
-    ScreenState,
-    build_example,
-    collect_states,
-    corpus_texts,
-    encode,
-    load_states,
-    resolve_index_action,
-    save_states,
-)
 from mobilerl.models.tokenizer import single_token_numbers, train_tokenizer  # noqa: E402
+from mobilerl.tinybase.data import build_example, corpus_texts, encode  # noqa: E402
+from mobilerl.tinybase.recipe import DataConfig, Recipe, TrainConfig  # noqa: E402
+from mobilerl.tinybase.screens import ScreenState, collect_states, load_states, save_states  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
@@ -102,24 +94,24 @@ def test_split_spaces_make_a_word_one_id_wherever_it_stands(states):
         train_tokenizer(texts[:50], vocab_size=2048, spaces="none")
 
 
-@pytest.mark.parametrize("grounding", ["bbox", "index"])
-def test_sequences_are_well_formed_and_dense(states, processor, grounding):
-    cfg = DataConfig(grounding=grounding, image_prob=1.0, lm_weight=0.1, max_len=1024)
+@pytest.mark.parametrize("coords", ["rel", "marks"])
+def test_sequences_are_well_formed_and_dense(states, processor, coords):
+    cfg = DataConfig(coords=coords, image_prob=1.0, lm_weight=0.1, max_len=1024)
     rng = random.Random(0)
     tok = processor.tokenizer
     answered = supervised = total = 0
     for st in states[:30]:
-        ex = build_example(st, rng, cfg, progress=1.0)
+        ex = build_example(st, rng, cfg)
         enc = encode(ex, processor, cfg)
         assert len(enc.input_ids) <= cfg.max_len and len(enc.weights) == len(enc.input_ids)
         for s, e, kind in enc.answer_spans:
             answer = tok.decode(enc.input_ids[s : e - 1])
             assert enc.input_ids[e - 1] == tok.convert_tokens_to_ids("<|im_end|>")
             if kind in ("ground", "find", "type"):
-                if grounding == "index" and "index=" in answer:
-                    nodes = st.nodes
-                    answer = resolve_index_action(answer, nodes)
-                parse_action(answer)  # a well-formed action
+                assert answer.startswith("<answer>") and answer.endswith("</answer>")
+                action = parse_action(answer.removeprefix("<answer>").removesuffix("</answer>"))  # well-formed
+                if kind == "ground":  # the marks frame names the line, the grid frame gives its box
+                    assert (action.index is not None) is (coords == "marks")
             answered += 1
         if enc.pixel_values is not None:
             n_img = enc.input_ids.count(tok.convert_tokens_to_ids("<|image_pad|>"))
@@ -129,14 +121,6 @@ def test_sequences_are_well_formed_and_dense(states, processor, grounding):
     assert answered > 100
     assert supervised / total > 0.8  # most tokens carry a gradient
 
-
-def test_curriculum_starts_with_small_windows(states):
-    cfg = DataConfig(min_lines=4, ramp=0.5, full_prob=0.0)
-    rng = random.Random(0)
-    big = [s for s in states if len(s.nodes) > 20]
-    early = build_example(big[0], rng, cfg, progress=0.0)
-    late = build_example(big[0], rng, cfg, progress=1.0)
-    assert early.messages[0]["content"].count("\n") < late.messages[0]["content"].count("\n")
 
 
 def test_model_builds_saves_reloads_offline_and_generates(tokenizer, processor, tmp_path):
@@ -155,7 +139,8 @@ def test_model_builds_saves_reloads_offline_and_generates(tokenizer, processor, 
 
 
 def test_screenshot_goes_through_the_processor_and_model(states, tokenizer, processor):
-    from mobilerl.models.pretrain import collate, loss_fn
+    from mobilerl.tinybase.losses import loss_fn
+    from mobilerl.tinybase.train import collate
 
     model = tiny.build_model(SMALL, tokenizer)
     cfg = DataConfig(image_prob=1.0)
@@ -170,15 +155,15 @@ def test_screenshot_goes_through_the_processor_and_model(states, tokenizer, proc
 
 
 def test_twenty_steps_lower_the_loss(states, tokenizer, tmp_path):
-    from mobilerl.models.pretrain import Profile, TrainConfig, pretrain
+    from mobilerl.tinybase.train import pretrain
 
-    profile = Profile(
+    recipe = Recipe(
         model=SMALL,
-        data=DataConfig(max_len=384, questions=12, ramp=0.0),
+        data=DataConfig(max_len=384, questions=12),
         train=TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=1536, max_steps=20, log_every=5, probe_every=10,
                           probe_items=3, threads=2),
     )
-    model, _, summary = pretrain(profile, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
+    model, _, summary = pretrain(recipe, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
                                  log=lambda _: None)
     rows = [json.loads(x) for x in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if r["type"] == "train"]
@@ -189,51 +174,71 @@ def test_twenty_steps_lower_the_loss(states, tokenizer, tmp_path):
     assert set(probes[0]["items"]) == set(probes[0]["accuracy"])
     assert (tmp_path / "run" / "last.pt").exists()
     # resume: a second call continues from the checkpoint instead of starting over
-    profile.train.max_steps = 22
-    _, _, again = pretrain(profile, tmp_path / "run", states, states[:10], log=lambda _: None)
+    recipe.train.max_steps = 22
+    _, _, again = pretrain(recipe, tmp_path / "run", states, states[:10], log=lambda _: None)
     assert again["steps"] == 22
 
 
 @pytest.mark.skipif(not (BASE / "config.json").exists(), reason="no committed tiny base checkpoint")
 def test_committed_base_loads_offline_and_reads_screens():
-    from mobilerl.models.pretrain import Profile
-    from mobilerl.models.probe import build_items, score_teacher_forced
+    from mobilerl.tinybase.probe import build_items, score_teacher_forced
 
     size = sum(f.stat().st_size for f in BASE.iterdir()) / 2**20
     assert size <= 25
     metrics = json.loads((BASE / "metrics.json").read_text())
     assert "command" in metrics["rebuild"]
     model, processor = tiny.load(BASE)
-    profile = Profile.from_dict(json.loads((BASE / "tiny.json").read_text())["profile"])
+    recipe = Recipe.from_record(json.loads((BASE / "tiny.json").read_text())["profile"])
     held = collect_states(split="test", n_per_template=1, explore=0.0, seed=7, templates=TEMPLATES)
-    items = build_items(held, profile.data, n_per_kind=12, seed=0, kinds=("ground", "read"))
-    acc = score_teacher_forced(model, processor, items, profile.data)
+    items = build_items(held, recipe.data, n_per_kind=12, seed=0, kinds=("ground", "read"))
+    acc = score_teacher_forced(model, processor, items, recipe.data)
     assert acc["ground"] >= 0.5 and acc["read"] >= 0.3, acc  # release probe: 100.0% / 96.5% (metrics.json); chance ~0
 
 
 @pytest.mark.skipif(not (BASE / "tiny.json").exists(), reason="no committed tiny base checkpoint")
 def test_the_released_base_was_trained_with_the_recipe_a_rebuild_trains():
-    """The committed checkpoint's profile is what ``dvc repro pretrain`` would train (params.yaml's profile
+    """The committed checkpoint's recipe is what ``dvc repro pretrain`` would train (params.yaml's recipe
     and overrides): a recipe change in configs/tiny.yaml lands together with a rebuilt, released base."""
-    from mobilerl.models.pretrain import Profile, load_profile
-    from mobilerl.tracking import flatten
     from mobilerl.config import load_params
+    from mobilerl.tinybase.recipe import RETIRED, load_recipe
+    from mobilerl.tracking import flatten
     from stages.pretrain import PretrainConfig
 
     cfg = load_params("pretrain", PretrainConfig)
-    rebuild = flatten(load_profile(ROOT / cfg.profile, list(cfg.overrides)).to_dict())
-    # read through today's Profile: an option added since the release counts at its default (off)
-    released = flatten(Profile.from_dict(json.loads((BASE / "tiny.json").read_text())["profile"]).to_dict())
+    rebuild = flatten(load_recipe(ROOT / cfg.recipe, list(cfg.overrides)).to_dict())
+    recorded = json.loads((BASE / "tiny.json").read_text())["profile"]
+    # options removed since the release were at the value the code now always has there (from_record checks
+    # it); an option added since the release counts at its default
+    gone = {k: v for k, v in flatten(recorded).items() if k not in rebuild}
+    assert gone == {k: RETIRED[k] for k in gone}, gone
+    released = flatten(Recipe.from_record(recorded).to_dict())
     changed = sorted(k for k in set(rebuild) | set(released) if rebuild.get(k) != released.get(k))
     assert not changed, f"configs/tiny.yaml differs from the released base's recipe at {changed}"
 
 
+def test_the_code_defaults_are_the_released_recipe_and_bad_keys_are_named():
+    """``Recipe()`` is configs/tiny.yaml (the released recipe); a typo, a removed option or a bad value is an
+    error that names the key, and a record holding a removed option at another value does not read."""
+    from mobilerl.tinybase.recipe import load_recipe
+
+    assert Recipe() == load_recipe(ROOT / "configs" / "tiny.yaml")
+    for override, key in (("data.copy_punct=true", "data.copy_punct"), ("train.lr=fast", "train.lr"),
+                          ("data.weights={tap: 1.0}", "data.weights"), ("model.hidden_size=100", "model")):
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            load_recipe(ROOT / "configs" / "tiny.yaml", [override])
+    with pytest.raises(ValueError, match=r"data\.act_pack"):
+        Recipe.from_record({"data": {"act_pack": 0.5}})
+    assert Recipe.from_record({"data": {"act_pack": 0.0}, "train": {"prev_sup": 0}}) == Recipe()
+
+
 _STREAM_DIGEST = """
 import hashlib, itertools, json, sys
-from mobilerl.models.pretrain_data import DataConfig, load_states, stream_examples
-from mobilerl.models.probe import build_items
+from mobilerl.tinybase.data import stream_examples
+from mobilerl.tinybase.probe import build_items
+from mobilerl.tinybase.recipe import DataConfig
+from mobilerl.tinybase.screens import load_states
 states = load_states(sys.argv[1])
-cfg = DataConfig(prompt="policy", questions=12, novel_spans=0.5, random_spans=3, copy_well_posed=True)
+cfg = DataConfig(questions=12, novel_spans=0.5, random_spans=3)
 h = hashlib.sha256()
 for ex in itertools.islice(stream_examples(states, cfg, seed=3), 120):
     h.update(json.dumps(ex.messages, sort_keys=True, default=str).encode())
@@ -263,7 +268,7 @@ def test_the_data_stream_and_probe_items_do_not_depend_on_the_hash_seed(states, 
 def test_random_spans_are_well_posed_copy_questions():
     import random
 
-    from mobilerl.models.pretrain_data import copy_qas, random_spans
+    from mobilerl.tinybase.data import copy_qas, random_spans
 
     ins = "Send the message 'See you at noon' to Bob Smith, then reply to Alice: thanks."
     spans = random_spans(ins, random.Random(0), 6)
@@ -275,63 +280,11 @@ def test_random_spans_are_well_posed_copy_questions():
         assert end == len(ins) or ins[end] in ".,;:!?'\" " and (ins[end] != " " or ins[end + 1] in "'\"")
     qas = copy_qas(ins, spans)
     assert qas and all(q.answer.startswith('do(action="Type", text="') for q in qas)
-    # near copy: the question restates the instruction right after the cue, the answer is unchanged
-    near = copy_qas(ins, spans, near=1.0, rng=random.Random(0))
-    assert [q.answer for q in near] == [q.answer for q in qas]
-    for q, far in zip(near, qas, strict=True):
-        assert q.question == f"{far.question} in: {ins}"
-        span = q.answer.removeprefix('do(action="Type", text="').removesuffix('")')
-        assert span in q.question
-    mixed = copy_qas(ins, spans * 20, near=0.5, rng=random.Random(1))
-    assert 0 < sum(" in: " in q.question for q in mixed) < len(mixed)
 
-
-def test_random_spans_never_ask_a_typed_spans_question_with_another_answer():
-    """data.copy_unambiguous: a random span that starts where a typed span starts gets the same cue
-    (``type after "text:"``) and a shorter answer (cut at the comma or the dot); such spans are skipped."""
-    import random
-
-    from mobilerl.models.pretrain_data import copy_qas, random_spans
-
-    typed = ["kids.md", "Buy stamps, return the library books, pick up dry cleaning"]
-    ins = f"Create a note named {typed[0]} with the following text: {typed[1]}"
-    loose = {s for i in range(20) for s in random_spans(ins, random.Random(i), 99)}
-    assert {"kids", "Buy stamps"} <= loose  # without avoid: the conflicting questions exist
-    for i in range(20):
-        spans = random_spans(ins, random.Random(i), 99, avoid=typed)
-        assert spans and not {"kids", "Buy stamps"} & set(spans)
-        answers: dict[str, set[str]] = {}
-        for q in copy_qas(ins, [*typed, *spans]):
-            answers.setdefault(q.question, set()).add(q.answer)
-        assert all(len(a) == 1 for a in answers.values()), answers
-        assert 'do(action="Type", text="Buy stamps, return the library books, pick up dry cleaning")' in \
-            answers['type after "text:"']
-
-
-def test_natural_random_spans_end_where_typed_spans_end():
-    """data.span_ends: natural: a random copy span inside a quote runs to the closing quote (past commas and
-    an apostrophe), elsewhere to punctuation before a space: a file name or an address is whole."""
-    import random
-
-    from mobilerl.models.pretrain_data import natural_span, random_spans, well_posed_span
-
-    ins = ("Rename training.md to zara.fernandez@web.de, then write 'Buy stamps, return Ava's books, pick up "
-           "dry cleaning' in it. Add 8,000 steps")
-    assert natural_span(ins, ins.index("training")) == "training.md to zara.fernandez@web.de"
-    assert natural_span(ins, ins.index("zara")) == "zara.fernandez@web.de"
-    assert natural_span(ins, ins.index("return")) == "return Ava's books, pick up dry cleaning"
-    assert natural_span(ins, ins.index("8,000")) == "8,000 steps"  # the end of the instruction
-    first = {s for i in range(30) for s in random_spans(ins, random.Random(i), 99)}
-    natural = {s for i in range(30) for s in random_spans(ins, random.Random(i), 99, 12, ends="natural")}
-    assert {"training", "zara", "return Ava"} <= first  # the first-punctuation convention cuts them
-    assert not {"training", "zara", "return Ava", "return Ava's books"} & natural
-    assert {"zara.fernandez@web.de", "return Ava's books, pick up dry cleaning", "pick up dry cleaning"} <= natural
-    assert well_posed_span(ins, "return Ava's books, pick up dry cleaning")  # the stream keeps it
-    assert all(len(sp.split()) <= 12 for sp in natural)
 
 
 def test_well_posed_spans_end_where_the_text_ends_them():
-    from mobilerl.models.pretrain_data import random_spans, well_posed_span
+    from mobilerl.tinybase.data import random_spans, well_posed_span
 
     ins = "Add a contact named Wei Wang with phone number +1 312 445-3799, then text 'Leila's phone' to Bob."
     assert not well_posed_span(ins, "Wei")  # the first name: nothing in the text says the span stops there
@@ -344,13 +297,13 @@ def test_well_posed_spans_end_where_the_text_ends_them():
     assert spans and all(well_posed_span(ins, sp) for sp in spans)  # the random copy spans are well-posed
 
 
-def test_copy_questions_of_the_probe_and_of_copy_well_posed_training_are_well_posed(states):
-    """The probe asks span copy only where the question determines the span; with data.copy_well_posed the
-    training sequences do too, while the expert's partial spans still reach the type/act answers."""
+def test_copy_questions_of_the_probe_and_of_training_are_well_posed(states):
+    """The probe asks span copy only where the question determines the span; the training sequences do too,
+    while the expert's partial spans still reach the type/act answers."""
     import itertools
 
-    from mobilerl.models.pretrain_data import instruction_spans, stream_examples, typed_texts, well_posed_span
-    from mobilerl.models.probe import build_items
+    from mobilerl.tinybase.data import instruction_spans, stream_examples, typed_texts, well_posed_span
+    from mobilerl.tinybase.probe import build_items
 
     typed = typed_texts(states)
     ill = [(s, sp) for s in states for sp in instruction_spans(s.instruction, typed.get(s.task_id, ()))
@@ -361,18 +314,18 @@ def test_copy_questions_of_the_probe_and_of_copy_well_posed_training_are_well_po
         return [parse_action(m["content"].removeprefix("<answer>").removesuffix("</answer>")).text
                 for k, m in zip(ex.kinds, ex.messages[1::2], strict=False) if k == "copy"]
 
-    cfg = DataConfig(prompt="compact", weights={"copy": 1.0}, type_frac=0.5)
+    cfg = DataConfig(weights={"copy": 1.0}, type_frac=0.5, system_prob=0.0)
     items = build_items(states, cfg, n_per_kind=50, seed=0, kinds=("copy",))
     assert items
     for it in items:
-        ins = it.example.messages[0]["content"].split("\n")[0].removeprefix("Task: ")
+        ins = states[it.state_index].instruction
+        assert it.example.messages[0]["content"].startswith(f"Task: {ins}\n")
         assert all(well_posed_span(ins, t) for t in copied(it.example))
-    for well_posed in (False, True):
-        cfg = DataConfig(prompt="compact", weights={"copy": 1.0}, type_frac=0.5, copy_well_posed=well_posed)
-        found_ill = False
-        for ex in itertools.islice(stream_examples(states, cfg, seed=0), 300):
-            found_ill |= not all(well_posed_span(ex.instruction, t) for t in copied(ex))
-        assert found_ill is not well_posed
+    n_copied = 0
+    for ex in itertools.islice(stream_examples(states, cfg, seed=0), 300):
+        assert all(well_posed_span(ex.instruction, t) for t in copied(ex))
+        n_copied += len(copied(ex))
+    assert n_copied > 100
 
 
 def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(states):
@@ -380,13 +333,7 @@ def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(s
     in the history and in the expert's action, so only copying answers the copy/type questions."""
     import random
 
-    from mobilerl.models.pretrain_data import (
-        copy_qas,
-        instruction_spans,
-        typed_texts,
-        with_novel_spans,
-        word_pool,
-    )
+    from mobilerl.tinybase.data import copy_qas, instruction_spans, typed_texts, with_novel_spans, word_pool
 
     typed = typed_texts(states)
     words = word_pool(states)
@@ -407,71 +354,30 @@ def test_novel_spans_replace_a_typed_span_everywhere_and_copy_questions_follow(s
     assert with_novel_spans(st, [], random.Random(0), words)[0] is st
 
 
-def test_novel_random_renews_the_random_copy_spans_too(states):
-    """data.novel_random: in the novel_spans share the random copy spans are renewed with the typed ones, so no
-    copy answer of such a sequence is a phrase of the train instruction (one that could be recalled); without
-    it, random spans over the instruction's other words keep their real text."""
-    import random
-
-    from mobilerl.models.pretrain_data import DataConfig, copy_spans, typed_texts, word_pool
-
-    typed, words = typed_texts(states), word_pool(states)
-    real = {True: 0, False: 0}
-    for novel_random in (False, True):
-        cfg = DataConfig(random_spans=3, novel_spans=1.0, span_ends="natural", span_words=12,
-                         novel_random=novel_random)
-        rng = random.Random(0)
-        for st in states:
-            new, spans = copy_spans(st, typed.get(st.task_id, ()), rng, cfg, words)
-            assert all(x in new.instruction for x in spans)
-            if new.action:  # still an action: no span renewed inside its syntax
-                parse_action(new.action)
-            # a copy answer with a word of 3+ letters that is still the original instruction's text
-            real[novel_random] += sum(1 for x in spans if any(len(w) > 2 and w.isalpha() for w in x.split())
-                                      and x in st.instruction)
-    assert real[False] > 20
-    assert real[True] <= real[False] // 10
-
-
-def test_novel_random_leaves_words_of_the_actions_syntax_alone():
-    """A random copy span that is also a word of the expert's action or the history (`app`, `text`) keeps its
-    words under data.novel_random: renewing it everywhere would rewrite do(action=..., app=...) itself."""
-    import random
-
-    from mobilerl.models.pretrain_data import DataConfig, ScreenState, copy_spans
-
-    st = ScreenState(task_id="world/train/x/0", instruction="Open Messages, app, text.", app="Home", width=1080,
-                     height=2400, nodes=(), action='do(action="Launch", app="Messages")',
-                     history=('do(action="Type", text="hi")',))
-    cfg = DataConfig(random_spans=3, novel_spans=1.0, span_ends="natural", novel_random=True)
-    new, spans = copy_spans(st, (), random.Random(0), cfg, ["Bird", "cloud"])
-    assert {"app", "text"} <= set(spans) and new.instruction == st.instruction
-    assert parse_action(new.action).app == "Messages" and new.history == st.history
-
 
 def test_train_seed_changes_the_run_not_the_screens_or_the_tokenizer(states, monkeypatch):
     """``train.seed`` seeds the init and the data stream only; the screens (train, held out) and the tokenizer's
     sample follow ``states_seed``, so a seed-spread rebuild trains and is probed on the same screens."""
-    import mobilerl.models.pretrain as pt
-    import mobilerl.models.pretrain_data as pdata
-    import mobilerl.models.probe as probe
+    import mobilerl.tinybase.screens as screens
+    import mobilerl.tinybase.train as pt
+    from mobilerl.tinybase.recipe import load_recipe
 
     seen = []
-    monkeypatch.setattr(pdata, "collect_states", lambda **kw: seen.append(("train", kw["seed"])) or list(states))
-    monkeypatch.setattr(probe, "held_out_states", lambda **kw: seen.append(("test", kw["seed"])) or [])
+    monkeypatch.setattr(screens, "collect_states", lambda **kw: seen.append(("train", kw["seed"])) or list(states))
+    monkeypatch.setattr(screens, "held_out_states", lambda **kw: seen.append(("test", kw["seed"])) or [])
     monkeypatch.setattr(pt, "TOKENIZER_STATES", len(states) // 2)  # the tokenizer samples the screens
     vocab = {}
     for key in ("train.seed=0", "train.seed=1", "states_seed=3"):
-        profile = pt.load_profile(ROOT / "configs" / "tiny.yaml", [key, "vocab_size=2048"])
-        pt.prepare_states(profile, log=lambda msg: None)
+        recipe = load_recipe(ROOT / "configs" / "tiny.yaml", [key, "vocab_size=2048"])
+        pt.prepare_states(recipe, log=lambda msg: None)
         if key.startswith("train.seed"):
-            vocab[key] = pt.make_tokenizer(profile, states).get_vocab()
+            vocab[key] = pt.make_tokenizer(recipe, states).get_vocab()
     assert seen == [("train", 0), ("test", 1), ("train", 0), ("test", 1), ("train", 3), ("test", 4)]
     assert vocab["train.seed=0"] == vocab["train.seed=1"]
 
 
 def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
-    from mobilerl.models.pretrain import TrainConfig, lr_at
+    from mobilerl.tinybase.train import lr_at
 
     cfg = TrainConfig(lr=1e-3, min_lr_ratio=0.1, warmup_steps=10, max_steps=10_000, max_minutes=60)
     assert lr_at(0, cfg) < lr_at(10, cfg) == pytest.approx(1e-3)
@@ -483,9 +389,10 @@ def test_lr_schedule_decays_by_the_clock_as_well_as_by_steps():
 def test_copy_pairs_point_each_copied_answer_token_at_its_source(states, processor):
     """Attention-supervision targets: the position predicting a copied answer token → that token in the
     prompt, inside the line (box, read value) or instruction span the answer comes from."""
-    from mobilerl.models.pretrain_data import random_spans
+    from mobilerl.tinybase.data import random_spans
 
-    cfg = DataConfig(prompt="policy", questions=24, max_len=4096, weights={"ground": 1.0, "read": 1.0, "copy": 1.0})
+    cfg = DataConfig(coords="rel", questions=24, max_len=4096, image_prob=0.0, system_prob=0.0,
+                     weights={"ground": 1.0, "read": 1.0, "copy": 1.0})
     tok = processor.tokenizer
     seen = {"ground": 0, "read": 0, "copy": 0}
     for i, st in enumerate(states[:30]):
@@ -517,45 +424,15 @@ def test_copy_pairs_point_each_copied_answer_token_at_its_source(states, process
     assert seen["ground"] > 10 and seen["read"] > 5 and seen["copy"] > 0, seen
 
 
-def test_copy_pairs_with_punctuation_add_only_the_next_source_token(states, processor):
-    """``copy_punct``: punctuation and spaces of a copied answer are paired only with the source token right
-    after the previous match, so a box keeps its four numbers (the answer's `,` after y1 is `][` on the line)."""
-    from dataclasses import replace
-
-    from mobilerl.models.pretrain_data import random_spans
-
-    base = DataConfig(prompt="policy", questions=24, max_len=4096, weights={"ground": 1.0, "read": 1.0, "copy": 1.0})
-    punct = replace(base, copy_punct=True)
-    grounds = extra = 0
-    for i, st in enumerate(states[:30]):
-        ex = build_example(st, random.Random(i), base, spans=random_spans(st.instruction, random.Random(i), 3))
-        plain = set(encode(ex, processor, base, attn_pairs=True).attn_pairs)
-        enc = encode(ex, processor, punct, attn_pairs=True)
-        more = set(enc.attn_pairs)
-        assert plain <= more
-        for q, k in more - plain:
-            assert enc.input_ids[q + 1] == enc.input_ids[k]
-            s0 = next(s for s, e, _ in enc.answer_spans if s - 1 <= q < e - 1)
-            earlier = [k2 for q2, k2 in more if s0 - 1 <= q2 < q]
-            # its source is the token right after the answer's previous match (or the first it copies)
-            assert not earlier or max(earlier) == k - 1, (q, k)
-        extra += len(more - plain)
-        for s, e, kind in enc.answer_spans:
-            if kind == "ground":
-                pairs = [(q, k) for q, k in more if s - 1 <= q < e - 1]
-                if pairs:
-                    grounds += 1
-                    assert len(pairs) == 6  # x1 , y1 | x2 , y2: the numbers and the commas inside each corner
-    assert grounds > 10 and extra > grounds
-
 
 def _supervision_batch(states, tokenizer, processor, n_states=4, questions=12, max_len=768, attn_pairs=True):
     """A small model and one collated batch of grounding/reading sequences, for the head-supervision tests."""
-    from mobilerl.models.pretrain import collate
+    from mobilerl.tinybase.train import collate
 
     torch.manual_seed(0)
     model = tiny.build_model(SMALL, tokenizer)
-    cfg = DataConfig(prompt="policy", questions=questions, max_len=max_len, weights={"ground": 1.0, "read": 1.0})
+    cfg = DataConfig(coords="rel", questions=questions, max_len=max_len, image_prob=0.0, system_prob=0.0,
+                     weights={"ground": 1.0, "read": 1.0})
     encs = [encode(build_example(st, random.Random(i), cfg), processor, cfg, attn_pairs=attn_pairs)
             for i, st in enumerate(states[:n_states])]
     ids_ = tiny.special_ids(tokenizer)
@@ -564,7 +441,7 @@ def _supervision_batch(states, tokenizer, processor, n_states=4, questions=12, m
 
 def _train_30_steps(model, ids, w, extra, attn):
     """30 AdamW steps on one batch; returns the loss stats of the first step and of the last."""
-    from mobilerl.models.pretrain import loss_fn
+    from mobilerl.tinybase.losses import loss_fn
 
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -579,7 +456,7 @@ def _train_30_steps(model, ids, w, extra, attn):
 
 
 def test_attention_supervision_points_a_head_without_changing_the_forward(states, tokenizer, processor):
-    from mobilerl.models.pretrain import disable_attention_capture, enable_attention_capture, loss_fn
+    from mobilerl.tinybase.losses import disable_attention_capture, enable_attention_capture, loss_fn
 
     model, _, ids, w, extra = _supervision_batch(states, tokenizer, processor)
     assert extra["attn_pairs"].shape[1] == 3 and len(extra["attn_pairs"]) > 20
@@ -602,7 +479,7 @@ def test_copy_readout_teaches_the_heads_value_path_to_carry_the_copied_token(sta
     """``train.copy_readout``: what the supervised head writes from a pair's source, read out alone through
     lm_head, is scored against the copied token; training on it raises that readout's top-1 accuracy, and the
     model's forward is unchanged by the capture."""
-    from mobilerl.models.pretrain import (
+    from mobilerl.tinybase.losses import (
         copy_readout_loss,
         disable_attention_capture,
         enable_attention_capture,
@@ -623,61 +500,16 @@ def test_copy_readout_teaches_the_heads_value_path_to_carry_the_copied_token(sta
     disable_attention_capture(model)
 
 
-def test_previous_word_targets_skip_split_spaces_and_padding(states):
-    """With split spaces the previous word of ``Noodles`` is ``Peanut``, two tokens back: each target is the
-    nearest earlier token that is not whitespace, never a space, a newline or padding."""
-    from mobilerl.models.pretrain import blank_token_table, previous_word_targets
-
-    split = train_tokenizer(corpus_texts(states), vocab_size=2048, spaces="split")
-    pad = split.pad_token_id
-    rows = [split("Add Spicy Peanut Noodles\nnow, please")["input_ids"], split("a b")["input_ids"]]
-    T = max(map(len, rows))
-    ids = torch.tensor([r + [pad] * (T - len(r)) for r in rows])
-    blank = blank_token_table(split)
-    targets = previous_word_targets(ids, blank, pad)
-    text = [split.decode([i]) for i in rows[0]]
-    assert " " in text and "\n" in text
-    for t in range(1, len(rows[0])):
-        j = int(targets[0, t])
-        assert text[j].strip() and all(not x.strip() for x in text[j + 1:t])
-    assert int(targets[0, 0]) == -1 and (targets[1, len(rows[1]):] == -1).all()
-    i = text.index("Noodles") if "Noodles" in text else None
-    if i is not None:  # a whole word in this vocabulary: its previous word is Peanut's last token
-        assert text[int(targets[0, i])].endswith("anut")
-
-
-def test_previous_word_supervision_points_a_head_without_changing_the_forward(states, processor, tokenizer):
-    from mobilerl.models.pretrain import (
-        blank_token_table,
-        disable_attention_capture,
-        enable_attention_capture,
-        loss_fn,
-    )
-
-    model, ids_, ids, w, extra = _supervision_batch(states, tokenizer, processor, n_states=3, questions=8,
-                                                    max_len=512, attn_pairs=False)
-    model.eval()
-    with torch.no_grad():
-        plain, _ = loss_fn(model, ids, w, extra)
-        prev = {"capture": enable_attention_capture(model, 0), "weight": 1.0, "head": 0,
-                "blank": blank_token_table(tokenizer), "pad": ids_["pad"]}
-        with_prev, stats = loss_fn(model, ids, w, extra, {"prev": prev})
-        lm_only, _ = loss_fn(model, ids, w, extra)
-    assert torch.allclose(plain, lm_only) and with_prev > plain and 0.0 <= stats["prev_acc"] < 0.5
-    first, stats = _train_30_steps(model, ids, w, extra, {"prev": prev})
-    assert stats["prev_loss"] < first["prev_loss"] - 1.0 and stats["prev_acc"] > 0.8
-    disable_attention_capture(model)
-
 
 def test_next_action_turn_is_the_policy_prompt_exactly(states):
     """With ``prompt: policy`` the expert's-next-action question (``act``) is asked as the policy itself is
     asked: the first user turn is ``mobilerl.agent.prompt``'s user prompt, no question after it, with the
     SFT's history window and system prompt style; the answer is the expert's action in the answer tag."""
     from mobilerl.agent import prompt
-    from mobilerl.models.pretrain_data import expert_answer, history_responses, render_screen
+    from mobilerl.tinybase.screens import expert_answer, history_responses, render_screen
 
-    cfg = DataConfig(prompt="policy", questions=6, system_prob=1.0, max_history=2, system_style="compact",
-                     weights={"ground": 1.0, "read": 1.0, "act": 50.0})
+    cfg = DataConfig(coords="rel", image_prob=0.0, questions=6, system_prob=1.0, max_history=2,
+                     system_style="compact", weights={"ground": 1.0, "read": 1.0, "act": 50.0})
     on_policy = [s for s in states if s.action and len(s.history) > 2]
     assert on_policy
     for i, st in enumerate(on_policy[:10]):
@@ -690,7 +522,7 @@ def test_next_action_turn_is_the_policy_prompt_exactly(states):
                                                      app=st.app, mode="xml", max_history=2)
         assert "Previous actions (the last 2):" in user["content"] and "Step 2:" in user["content"]
         assert "Step 3:" not in user["content"]
-        assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, cfg.coords, cfg.grounding)}</answer>"
+        assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, cfg.coords, 'bbox')}</answer>"
         assert all(not m["content"].startswith("Task:") for m in ex.messages[3::2])  # later turns: question only
 
 
@@ -699,9 +531,9 @@ def test_marks_frame_pretraining_shows_what_the_policy_sees_and_points_at_the_ma
     and the expert's answer name lines as the policy would, and a grounding answer's attention target is
     the number at the end of the line it names."""
     from mobilerl.agent import prompt as PR
-    from mobilerl.models.pretrain_data import expert_answer, history_responses, render_screen
+    from mobilerl.tinybase.screens import expert_answer, history_responses, render_screen
 
-    cfg = DataConfig(prompt="policy", coords="marks", questions=12, max_len=4096, max_history=4,
+    cfg = DataConfig(coords="marks", questions=12, max_len=4096, max_history=4, image_prob=0.0, system_prob=0.0,
                      weights={"ground": 2.0, "act": 50.0})
     on_policy = [s for s in states if s.action and len(s.history) >= 2]
     assert on_policy and all(len(s.history_marks) == len(s.history) for s in states)
@@ -732,68 +564,35 @@ def test_marks_frame_pretraining_shows_what_the_policy_sees_and_points_at_the_ma
         history_responses(dataclasses.replace(on_policy[0], history_marks=()), "marks")
 
 
-def test_packed_next_action_sequences_hold_several_policy_turns(states, processor):
-    """``data.act_pack``: a share of the sequences is several oracle screens' policy turns, each the agent's
-    own prompt on the full screen and the expert's next action, cut to whole turns at max_len; the rest of
-    the stream keeps its many-question screens."""
-    from mobilerl.agent import prompt
-    from mobilerl.models.pretrain_data import expert_answer, history_responses, render_screen, stream_examples
-
-    cfg = DataConfig(prompt="policy", max_len=2048, system_prob=0.0, max_history=4, act_pack=1.0,
-                     weights={"ground": 1.0, "act": 20.0})
-    oracle = {(s.instruction, render_screen(s.nodes, s.width, s.height, "rel", False), s.history): s
-              for s in states if s.action}
-    ex = next(stream_examples(states, cfg, seed=3))
-    assert len(ex.kinds) >= 2 and set(ex.kinds) == {"act"} and [m["role"] for m in ex.messages[:2]] == ["user", "assistant"]
-    for user, answer in zip(ex.messages[::2], ex.messages[1::2], strict=True):
-        st = next(s for (ins, screen, _), s in oracle.items() if user["content"] == prompt.user_prompt(
-            ins, history_responses(s, "rel"), screen, app=s.app, mode="xml", max_history=4))
-        assert answer["content"] == f"<answer>{expert_answer(st, st.nodes, 'rel', 'bbox')}</answer>"
-    enc = encode(ex, processor, cfg)
-    assert len(enc.answer_spans) >= 2 and len(enc.input_ids) <= 2048
-    assert all(k == "act" for *_, k in enc.answer_spans)
-    mixed = DataConfig(prompt="policy", act_pack=0.5, weights={"ground": 1.0, "read": 1.0, "act": 20.0})
-    kinds = [set(e.kinds) for e in (x for x, _ in zip(stream_examples(states, mixed, seed=1), range(40), strict=False))]
-    assert any(k == {"act"} for k in kinds) and any(k - {"act"} for k in kinds)
-    later = DataConfig(prompt="policy", act_pack=1.0, act_pack_from=0.5, weights={"ground": 1.0, "act": 20.0})
-    at = {"p": 0.2}
-    stream = stream_examples(states, later, seed=4, progress=lambda: at["p"])
-    assert set(next(stream).kinds) != {"act"}  # before act_pack_from: screens with many questions
-    at["p"] = 0.6
-    assert set(next(stream).kinds) == {"act"}
-    compact = DataConfig(act_pack=1.0, weights={"ground": 1.0, "act": 20.0})  # packing is for the policy prompt
-    assert all(x.kinds.count("act") <= 1 for x, _ in zip(stream_examples(states, compact, seed=2), range(10),
-                                                          strict=False))
-
 
 def test_data_workers_draw_the_same_kind_of_sequences_and_stop(states, processor):
     """``train.data_workers``: forked processes draw and tokenize sequences; the stream yields encoded
     sequences with answers and its workers end when it is closed."""
     import multiprocessing as mp
 
-    from mobilerl.models.pretrain import shared_progress, worker_stream
+    from mobilerl.tinybase.train import worker_stream
 
-    cfg = DataConfig(max_len=384, questions=8, ramp=0.0)
-    stream = worker_stream(states, cfg, processor, seed=5, workers=2, attn_pairs=False, progress=shared_progress())
+    cfg = DataConfig(max_len=384, questions=8)
+    stream = worker_stream(states, cfg, processor, seed=5, workers=2, attn_pairs=False)
     got = [next(stream) for _ in range(12)]
     assert all(e.answer_spans and len(e.input_ids) <= 384 for e in got)
     assert len(mp.active_children()) >= 2
     stream.close()
     assert not [p for p in mp.active_children() if p.is_alive()]
-    broken = worker_stream([], cfg, processor, seed=5, workers=1, attn_pairs=False, progress=shared_progress())
+    broken = worker_stream([], cfg, processor, seed=5, workers=1, attn_pairs=False)
     with pytest.raises(RuntimeError, match="data worker"):  # a worker that dies is an error, not a hang
         next(broken)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pretraining_runs_on_cuda(states, tokenizer, tmp_path):
-    from mobilerl.models.pretrain import Profile, TrainConfig, pretrain
+    from mobilerl.tinybase.train import pretrain
 
-    profile = Profile(model=SMALL, data=DataConfig(max_len=384, questions=12, ramp=0.0),
+    recipe = Recipe(model=SMALL, data=DataConfig(max_len=384, questions=12),
                       train=TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=1536, max_steps=20, log_every=5,
                                         probe_every=10, probe_items=3, device="cuda", data_workers=1,
                                         attn_sup=0.1))
-    model, _, summary = pretrain(profile, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
+    model, _, summary = pretrain(recipe, tmp_path / "run", states, states[:10], tokenizer=tokenizer,
                                  log=lambda _: None)
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()
               if '"train"' in x]
@@ -804,8 +603,8 @@ def test_pretraining_runs_on_cuda(states, tokenizer, tmp_path):
 def test_generation_probe_does_not_cut_off_a_long_right_answer():
     """A recipe's directions copied into a Type run past 64 tokens: an answer as long as its target must not
     be cut at the probe's default cap (two of the released base's 200 span-copy items were)."""
-    from mobilerl.models.pretrain_data import Example
-    from mobilerl.models.probe import ProbeItem, score_generate
+    from mobilerl.tinybase.data import Example
+    from mobilerl.tinybase.probe import ProbeItem, score_generate
 
     _, processor = tiny.load(BASE)
     tok = processor.tokenizer
@@ -833,26 +632,24 @@ def test_generation_probe_does_not_cut_off_a_long_right_answer():
     assert acc["copy"] == 1.0, rows
 
 
-def test_novel_inner_renews_addresses_and_numbers_keeping_their_shape(states):
-    """data.novel_inner: a typed e-mail address or phone number is renewed too (letter runs inside the token,
-    digits of a 3+ character span), keeping its punctuation, everywhere it occurs; without the option the
-    digits and the address stay as they were (recallable), and a one-digit span is never rewritten."""
-    import random
-    import re
-    from dataclasses import replace
 
-    from mobilerl.models.pretrain_data import with_novel_spans, word_pool
+def test_experiment_entry_point_runs_a_tiny_recipe(states, tokenizer, tmp_path):
+    """``python -m mobilerl.tinybase.train RECIPE WORK --states DIR --set ... --out DIR``, as the scripts and the
+    history's experiments invoke it: a screen cache and its tokenizer are reused, the model is saved with its
+    recipe."""
+    import subprocess
+    import sys
 
-    words = word_pool(states)
-    email, phone = "wwang39@outlook.com", "+1 312 445-3799"
-    st = replace(next(s for s in states if s.action), action=f'do(action="Type", text="{email}")',
-                 instruction=f"Add Wei Wang with phone number {phone} and email {email}. Serves 2.",
-                 history=(f'do(action="Type", text="{phone}")',))
-    new, (new_email, new_phone, two) = with_novel_spans(st, [email, phone, "2"], random.Random(0), words, inner=True)
-    assert new_email != email and re.fullmatch(r"[A-Za-z]+\d\d@[a-z]+\.[a-z]+", new_email)
-    assert new_phone != phone and re.sub(r"\d", "0", new_phone) == re.sub(r"\d", "0", phone)
-    assert two == "2" and "Serves 2." in new.instruction
-    assert new.action == f'do(action="Type", text="{new_email}")' and new.history == (f'do(action="Type", text="{new_phone}")',)
-    assert email not in new.instruction and phone not in new.instruction
-    old, (same_email, same_phone, _) = with_novel_spans(st, [email, phone, "2"], random.Random(0), words)
-    assert (same_email, same_phone) == (email, phone) and old.instruction == st.instruction
+    cache = tmp_path / "states"
+    save_states(states, cache / "train.jsonl.gz")
+    save_states(states[:10], cache / "test.jsonl.gz")
+    tokenizer.backend_tokenizer.save(str(cache / "tokenizer_2048_split.json"))
+    sets = ["vocab_size=2048", "model.hidden_size=64", "model.num_hidden_layers=2", "model.intermediate_size=128",
+            "data.max_len=512", "data.questions=8", "train.max_steps=2", "train.batch_tokens=1024",
+            "train.log_every=1", "train.probe_every=2", "train.probe_items=2", "train.threads=1"]
+    cmd = [sys.executable, "-m", "mobilerl.tinybase.train", "configs/tiny.yaml", str(tmp_path / "work"),
+           "--states", str(cache), "--out", str(tmp_path / "model"), *(x for s in sets for x in ("--set", s))]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    recorded = json.loads((tmp_path / "model" / "tiny.json").read_text())
+    assert recorded["summary"]["steps"] == 2 and recorded["profile"]["model"]["hidden_size"] == 64
+    assert Recipe.from_record(recorded["profile"]).train.max_steps == 2

@@ -1,5 +1,5 @@
 """A policy backed by a generation backend: the step's chat from :mod:`mobilerl.agent.prompt`, one sampled
-response, its per-token logprobs (what RL's importance ratios need).
+response, its token ids and their logprobs (what RL's importance ratios need).
 
     backend = make_backend({"kind": "hf", "model": "models/tiny-base"})
     policy = ModelPolicy(backend, obs_mode="xml", sampling=SamplingConfig(temperature=1.0, seed=0))
@@ -11,12 +11,13 @@ batches of up to N. Nothing here batches or blocks.
 
 Greedy reuse: at ``temperature=0`` a response depends on its prompt alone, so a policy answers a prompt it
 has already answered in the same episode (an agent stuck on one screen repeating one action) from memory
-instead of generating again: the same text and logprobs, no model call. The env is still stepped; the
-trajectory is the one the model would have produced. Screenshot modes are always generated. The prompt must
-repeat exactly, history included: the prompt module numbers a history window of the last ``max_history``
-responses within the window, so once an agent has repeated one action ``max_history`` times on a screen that
-does not change, every further step is the same prompt (on the simulator, until its status-bar clock turns
-a minute). With the whole history shown (``max_history=None``) no two prompts of an episode are equal.
+instead of generating again: the same text, token ids and logprobs, no model call. The env is still stepped;
+the trajectory is the one the model would have produced. Screenshot modes are always generated. The prompt
+must repeat exactly, history included: the prompt module numbers a history window of the last
+``max_history`` responses within the window, so once an agent has repeated one action ``max_history`` times
+on a screen that does not change, every further step is the same prompt (on the simulator, until its
+status-bar clock turns a minute). With the whole history shown (``max_history=None``) no two prompts of an
+episode are equal.
 
 Seeds: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
 ``stable_seed(sampling.seed, e, t)``, so an episode's responses do not depend on which other episodes
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import PolicyContext, PolicyError, PolicyOutput
 from mobilerl.env.actions import ActionParseError
-from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig, stable_seed
+from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig
+from mobilerl.seeding import stable_seed
 
 
 @dataclass
@@ -114,7 +116,9 @@ class ModelPolicy:
                 action_text = prompt.action_to_env(gen.text, size, self.coords, ctx.xml_compressed)
             except ActionParseError as e:
                 invalid = str(e) or "unparseable response"  # the rollout records an invalid step
-        out = PolicyOutput(gen.text, list(gen.logprobs), action_text, invalid)
+        # A backend that returns no token ids (a plain OpenAI-style server) leaves them unknown, not empty.
+        token_ids = list(gen.token_ids) if len(gen.token_ids) == len(gen.logprobs) else None
+        out = PolicyOutput(gen.text, list(gen.logprobs), token_ids, action_text=action_text, invalid=invalid)
         if key is not None:
             self._answered[key] = out
             if len(self._answered) > _MAX_ANSWERED:

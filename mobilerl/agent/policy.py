@@ -4,7 +4,7 @@ State (MobileRL §2): the task instruction, the *current* screen (raw XML, its c
 optional screenshot) and the agent's own previous responses — no past screens. So one turn is::
 
     PolicyContext(task, observation, xml_compressed, history=(r_0, ..., r_{t-1}), step=t, episode_id)
-        --policy.act-->  PolicyOutput(text=r_t, logprobs=[...] | None)
+        --policy.act-->  PolicyOutput(text=r_t, logprobs=[...] | None, token_ids=[...] | None)
 
 ``text`` is the raw model response (``<think>…</think><answer>do(...)</answer>`` or a bare call); the
 rollout parses it with :func:`mobilerl.env.actions.parse_action`. A policy may be shared by concurrent
@@ -55,16 +55,23 @@ class PolicyContext:
 
 @dataclass(frozen=True)
 class PolicyOutput:
-    """A response text and, for model policies, its sampled tokens' log-probabilities."""
+    """A response text and, for model policies, its sampled tokens' log-probabilities and ids
+    (``logprobs[i]`` belongs to ``token_ids[i]``; RL's importance ratio recomputes the logprobs of those ids).
+    ``token_ids`` is None where the backend did not return them."""
 
     text: str
     logprobs: list[float] | None = None
+    token_ids: list[int] | None = None
     # the action the env executes when it is not the text's own (a response on the 0-999 grid, converted
     # to pixels by the policy); None: parse ``text``
     action_text: str | None = None
     # why the response names no executable action, when the policy already found out (e.g. its conversion to
     # pixels failed): the rollout records an invalid step with this message
     invalid: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.token_ids is not None and len(self.token_ids) != len(self.logprobs or []):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs or [])} logprobs")
 
 
 @runtime_checkable
@@ -277,7 +284,7 @@ class NoisyPolicy:
 class ScriptedPolicy:
     """Returns ``responses[ctx.step]`` verbatim (malformed texts included), so it is stateless and may be
     shared by episodes. Past the end: the last response again if ``repeat_last``, else :class:`PolicyError`.
-    ``logprobs`` (optional) are returned alongside, by step index.
+    ``logprobs`` and ``token_ids`` (optional) are returned alongside, by step index.
     """
 
     name = "scripted"
@@ -288,12 +295,14 @@ class ScriptedPolicy:
         responses: Sequence[str],
         repeat_last: bool = False,
         logprobs: Sequence[list[float] | None] | None = None,
+        token_ids: Sequence[list[int] | None] | None = None,
     ):
         if not responses:
             raise ValueError("ScriptedPolicy needs at least one response")
         self.responses = list(responses)
         self.repeat_last = repeat_last
         self.logprobs = list(logprobs) if logprobs is not None else None
+        self.token_ids = list(token_ids) if token_ids is not None else None
         self.calls = 0
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
@@ -304,4 +313,5 @@ class ScriptedPolicy:
                 raise PolicyError(f"ScriptedPolicy has {len(self.responses)} responses; asked for step {i}")
             i = len(self.responses) - 1
         lp = self.logprobs[i] if self.logprobs is not None and i < len(self.logprobs) else None
-        return PolicyOutput(self.responses[i], lp)
+        ids = self.token_ids[i] if self.token_ids is not None and i < len(self.token_ids) else None
+        return PolicyOutput(self.responses[i], lp, ids)

@@ -118,6 +118,12 @@ def mark_in(boxes: Sequence[Sequence[int] | None], box: Sequence[int]) -> int | 
     return min(inside)[1] if inside else None
 
 
+def quote_label(s: str) -> str:
+    """A label as questions and thoughts quote it (``tap "Alice Smith"``): the tiny base's pretraining
+    questions, the step instructions and the reasoning stage's thoughts share this quoting."""
+    return '"' + s.replace('"', "'") + '"'
+
+
 def screen_in_frame(xml_compressed: str, size: Sequence[int] | None, coords: str = "abs") -> str:
     """The compressed XML with each line's bounds in the ``coords`` frame (``size`` = screen width, height;
     not needed for ``abs`` and ``marks``)."""

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, policy_name, policy_version
-from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.env import actions as A
 from mobilerl.env.actions import ActionParseError, parse_action
 from mobilerl.env.base import AsyncEnv, EnvError, Observation, TaskSpec
 from mobilerl.env.xml import compress_xml
+from mobilerl.trajectory import StepRecord, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ async def rollout(
             app=obs.app,
             screenshot_path=shot,
             logprobs=list(out.logprobs) if out.logprobs is not None else None,
+            token_ids=list(out.token_ids) if out.token_ids is not None else None,
         )
         traj.steps.append(rec)
         if out.invalid is not None:

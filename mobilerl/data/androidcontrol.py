@@ -13,14 +13,14 @@ Conversion of an episode (:func:`convert_episode`):
 1. each accessibility forest → uiautomator-style XML (:func:`forest_to_xml`: windows by z-order, nodes
    nested through ``child_ids``, the attributes of Appendix D.5) → compressed XML
    (:func:`mobilerl.env.xml.compress_xml`);
-2. each action → ours with :func:`mobilerl.eval.androidcontrol.from_androidcontrol` (Table 8: click /
+2. each action → ours with :func:`~mobilerl.data.androidcontrol_actions.from_androidcontrol` (Table 8: click /
    long_press → Tap / Long Press on the smallest element box containing the point, scroll → Swipe in the
    finger's direction, open_app → Launch, input_text → Type, navigate_home/back → Home/Back, wait →
    Wait); the original point is kept in the trajectory's ``meta``;
 3. one step per action, with its ``step_instruction`` (the low-level variant) and the goal as the
    episode instruction (the high-level variant); with ``add_finish`` a final ``finish()`` step on the
    last screen (high-level episodes end by finishing);
-4. screenshots and texts are masked like every stored artifact (:mod:`mobilerl.data.collect`).
+4. screenshots and texts are masked like every stored artifact (:mod:`mobilerl.data.masking`).
 """
 
 from __future__ import annotations
@@ -39,19 +39,19 @@ from typing import Any
 from PIL import Image
 
 from mobilerl.data import privacy as P
-from mobilerl.data.collect import (
+from mobilerl.data.androidcontrol_actions import from_androidcontrol
+from mobilerl.data.masking import (
     SURROGATE_REGISTRY,
     CollectResult,
     MaskingOptions,
     mask_trajectory,
     surrogate_fingerprints,
 )
-from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.data.store import IMAGES, StoreWriter, image_path
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, format_action
 from mobilerl.env.xml import compress_xml, xml_attr
-from mobilerl.eval.androidcontrol import from_androidcontrol
+from mobilerl.trajectory import StepRecord, Trajectory
 
 # ============================================================================== protobuf wire format
 

@@ -3,7 +3,7 @@
 For every trajectory store it scans
 
 - every stored text — instruction, answer, final screen, per step the compressed XML, response, action
-  text, step instruction (:func:`mobilerl.data.collect.trajectory_texts`) — and the store's JSON files;
+  text, step instruction (:func:`mobilerl.data.masking.trajectory_texts`) — and the store's JSON files;
 - the OCR'd text of stored screenshots (all of them, or a deterministic sample of ``ocr_max_images``);
 
 with two checks:
@@ -35,15 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from mobilerl.data import privacy as P
-from mobilerl.data.collect import (
+from mobilerl.data.masking import (
     SURROGATE_REGISTRY,
-    _canary_patterns,
+    canary_patterns,
     find_canaries,
     fingerprint,
     trajectory_texts,
 )
-from mobilerl.trajectory import Trajectory
 from mobilerl.data.store import MANIFEST, TABLE, iter_store
+from mobilerl.trajectory import Trajectory
 
 
 @dataclass
@@ -178,7 +178,7 @@ def audit_store(
         stats["episodes"] += 1
         canaries = canaries_for(traj)
         stats["canaries"] += len(canaries)
-        pats = _canary_patterns(canaries)
+        pats = canary_patterns(canaries)
         for where, text in trajectory_texts(traj):
             _scan_text(text, canaries, pats, registry, where, store, traj.episode_id, report.findings, stats)
         for s in traj.steps:
@@ -201,7 +201,7 @@ def audit_store(
                               desc=f"audit OCR {store}", unit="img", disable=not progress))
         for (path, episode, canaries), text in zip(chosen, texts, strict=True):
             stats["images_ocr"] += 1
-            _scan_text(text, canaries, _canary_patterns(canaries), registry, f"image:{path}", store, episode,
+            _scan_text(text, canaries, canary_patterns(canaries), registry, f"image:{path}", store, episode,
                        report.findings, stats)
     stats["findings"] = sum(1 for f in report.findings if f.store == store)
     report.stores[store] = dict(stats)

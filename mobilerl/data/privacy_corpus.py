@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import phonenumbers
 
+from mobilerl.data import checksums as K
 from mobilerl.data import privacy as P
+from mobilerl.data.privacy_rules import CN_PROV
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def gen_card(rng: random.Random) -> tuple[str, str]:
                                    ("amex", rng.choice(["34", "37"]), 15), ("discover", "6011", 16),
                                    ("jcb", "35" + str(rng.randrange(28, 90)), 16), ("unionpay", "62", rng.choice([16, 19]))])
     body = prefix + _digits(rng, n - len(prefix) - 1, False)
-    d = body + P.luhn_digit(body)
+    d = body + K.luhn_digit(body)
     sep = rng.choice(["", " ", " ", "-"])
     if brand == "amex":
         s = sep.join([d[:4], d[4:10], d[10:]]) if sep else d
@@ -152,7 +154,7 @@ IBAN_BBAN = {"DE": lambda r: _digits(r, 18, False), "GB": lambda r: r.choice(["N
 
 def gen_iban(rng: random.Random) -> tuple[str, str]:
     cc = rng.choice(list(IBAN_BBAN))
-    iban = P.iban_with_check(cc, IBAN_BBAN[cc](rng))
+    iban = K.iban_with_check(cc, IBAN_BBAN[cc](rng))
     if rng.random() < 0.5:
         iban = " ".join(iban[i:i + 4] for i in range(0, len(iban), 4))
     return iban, f"iban/{cc}"
@@ -184,8 +186,8 @@ def gen_mrz(rng: random.Random) -> tuple[str, str]:
     nat = rng.choice(["USA", "GBR", "CHN", "DEU", "FRA"])
     dob = f"{rng.randrange(50, 99):02d}{rng.randrange(1, 13):02d}{rng.randrange(1, 29):02d}"
     exp = f"{rng.randrange(25, 35):02d}{rng.randrange(1, 13):02d}{rng.randrange(1, 29):02d}"
-    line = doc + P.mrz_check(doc) + nat + dob + P.mrz_check(dob) + rng.choice("MF") + exp + P.mrz_check(exp) + "<" * 14
-    line += "0" + P.mrz_check(line[:10] + line[13:20] + line[21:43] + "0")
+    line = doc + K.mrz_check(doc) + nat + dob + K.mrz_check(dob) + rng.choice("MF") + exp + K.mrz_check(exp) + "<" * 14
+    line += "0" + K.mrz_check(line[:10] + line[13:20] + line[21:43] + "0")
     return line[:44], "passport/mrz"
 
 
@@ -194,11 +196,11 @@ def gen_national_id(rng: random.Random) -> tuple[str, str, bool]:
     kind = rng.choice(["CN", "CN", "US", "UK", "FR", "ES", "IT", "BR", "KR", "IN", "DE", "JP"])
     if kind == "CN":
         body = f"{rng.randrange(110000, 660000)}{rng.randrange(1950, 2010)}{rng.randrange(1, 13):02d}{rng.randrange(1, 29):02d}{_digits(rng, 3, False)}"
-        return body + P.cn_id_check(body), "id/CN", False
+        return body + K.cn_id_check(body), "id/CN", False
     if kind == "US":
         while True:
             d = _digits(rng, 9)
-            if P.ssn_ok(d):
+            if K.ssn_ok(d):
                 return f"{d[:3]}-{d[3:5]}-{d[5:]}", "id/US-SSN", False
     if kind == "UK":
         a = rng.choice("ABCEGHJKLMNPRSTWXYZ") + rng.choice("ABCEGHJKLMNPRSTWXYZ")
@@ -216,21 +218,21 @@ def gen_national_id(rng: random.Random) -> tuple[str, str, bool]:
         return v, "id/FR-NIR", False
     if kind == "ES":
         n = rng.randrange(10**7, 10**8)
-        return f"{n:08d}{P._DNI_LETTERS[n % 23]}", "id/ES-DNI", False
+        return f"{n:08d}{K.DNI_LETTERS[n % 23]}", "id/ES-DNI", False
     if kind == "IT":
         body = "".join(rng.choice(string.ascii_uppercase) for _ in range(6)) + _digits(rng, 2, False) + rng.choice("ABCDEHLMPRST") + f"{rng.randrange(1, 71):02d}" + rng.choice(string.ascii_uppercase) + _digits(rng, 3, False)
-        return body + P.it_cf_check(body), "id/IT-CF", False
+        return body + K.it_cf_check(body), "id/IT-CF", False
     if kind == "BR":
         b = _digits(rng, 9)
-        d = b + P.br_cpf_digits(b)
+        d = b + K.br_cpf_digits(b)
         return f"{d[:3]}.{d[3:6]}.{d[6:9]}-{d[9:]}", "id/BR-CPF", False
     if kind == "KR":
         b = f"{rng.randrange(50, 99):02d}{rng.randrange(1, 13):02d}{rng.randrange(1, 29):02d}{rng.choice('1234')}{_digits(rng, 5, False)}"
-        d = b + P.kr_rrn_check(b)
+        d = b + K.kr_rrn_check(b)
         return f"{d[:6]}-{d[6:]}", "id/KR-RRN", False
     if kind == "IN":
         b = str(rng.randrange(2, 10)) + _digits(rng, 10, False)
-        d = b + P.verhoeff_digit(b)
+        d = b + K.verhoeff_digit(b)
         return f"{d[:4]} {d[4:8]} {d[8:]}", "id/IN-Aadhaar", False
     if kind == "DE":
         return _digits(rng, 11), "id/DE-SteuerID", True
@@ -241,7 +243,7 @@ def gen_plate(rng: random.Random) -> tuple[str, str, bool]:
     kind = rng.choice(["CN", "CN", "FR", "UK", "DE", "US"])
     up = "ABCDEFGHJKLMNPRSTUVWXYZ"
     if kind == "CN":
-        prov = rng.choice(P._CN_PROV)
+        prov = rng.choice(CN_PROV)
         tail = "".join(rng.choice(up + string.digits) for _ in range(rng.choice([5, 5, 6])))
         if not any(c.isdigit() for c in tail):
             tail = tail[:-1] + "7"
@@ -284,7 +286,7 @@ def gen_tracking(rng: random.Random) -> tuple[str, str, bool]:
         return _digits(rng, 10), "track/DHL", True
     if kind == "S10":
         d = _digits(rng, 8, False)
-        return rng.choice(["RR", "LX", "EE", "CP", "RB"]) + d + P.s10_check(d) + rng.choice(["CN", "US", "DE", "GB", "FR"]), "track/S10", False
+        return rng.choice(["RR", "LX", "EE", "CP", "RB"]) + d + K.s10_check(d) + rng.choice(["CN", "US", "DE", "GB", "FR"]), "track/S10", False
     if kind == "SF":
         return "SF" + _digits(rng, rng.choice([12, 13])), "track/SF", False
     if kind == "YT":

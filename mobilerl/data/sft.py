@@ -44,11 +44,11 @@ from typing import Any
 from PIL import Image
 
 from mobilerl.agent import prompt as PR
-from mobilerl.trajectory import StepRecord, Trajectory
 from mobilerl.data.step_instructions import step_instruction
 from mobilerl.data.store import iter_store
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action
+from mobilerl.trajectory import StepRecord, Trajectory
 
 VARIANTS = ("high", "low", "both")
 

@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from mobilerl.agent.policy import CompressedNode, parse_compressed
+from mobilerl.agent.prompt import quote_label
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action
-from mobilerl.models.pretrain_data import quote_label
 
 Box = tuple[int, int, int, int]
 

@@ -7,8 +7,9 @@ Layout of a store directory (``docs/data_schema.md`` has the column list)::
     <root>/manifest.json                 schema version, counts, how the data was masked
 
 Rows round-trip :class:`~mobilerl.trajectory.Trajectory` (``meta`` is stored as a JSON string, actions as
-a struct with every action field, absent ones null). :class:`StoreWriter` appends row groups as episodes
-arrive, so a long collection streams to disk; :func:`read_store` / :func:`iter_store` read them back.
+a struct with every action field, absent ones null; the ``token_ids`` step column only in stores where some
+step has them). :class:`StoreWriter` appends row groups as episodes arrive, so a long collection streams to
+disk; :func:`read_store` / :func:`iter_store` read them back.
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ SCHEMA = pa.schema([
     ("schema_version", pa.int32()),
     ("steps", pa.list_(STEP_TYPE)),
 ], metadata={"mobilerl.schema_version": str(SCHEMA_VERSION)})
+# The ids of the tokens the logprobs belong to: a column only in stores where some step has them (model
+# policies), so stores without (the oracle's collections, human data) keep the schema, and bytes, they had.
+STEP_TYPE_TOKENS = pa.struct([*(STEP_TYPE.field(i) for i in range(STEP_TYPE.num_fields)),
+                              ("token_ids", pa.list_(pa.int32()))])
+SCHEMA_TOKENS = SCHEMA.set(SCHEMA.get_field_index("steps"), pa.field("steps", pa.list_(STEP_TYPE_TOKENS)))
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -116,7 +122,8 @@ def to_row(traj: Trajectory) -> dict[str, Any]:
     row["episode_id"] = traj.episode_id
     row["n_steps"] = len(steps)
     row["meta"] = json.dumps(d.get("meta") or {}, ensure_ascii=False, sort_keys=True)
-    row["steps"] = [{**{k: s.get(k) for k in STEP_TYPE.names}, "action": _action_row(s.get("action"))} for s in steps]
+    row["steps"] = [{**{k: s.get(k) for k in STEP_TYPE_TOKENS.names}, "action": _action_row(s.get("action"))}
+                    for s in steps]
     return row
 
 
@@ -136,6 +143,8 @@ def from_row(row: dict[str, Any]) -> Trajectory:
             s["action"] = {**{k: None for k in ACTION_TYPE.names}, **a}
         if s.get("logprobs") is not None:
             s["logprobs"] = [float(v) for v in s["logprobs"]]
+        if s.get("token_ids") is not None:
+            s["token_ids"] = [int(v) for v in s["token_ids"]]
         steps.append(StepRecord.from_dict(s))
     d = {k: v for k, v in d.items() if v is not None or k in ("reward", "answer", "error", "final_xml_compressed",
                                                               "policy_version", "seed", "task_seed")}
@@ -159,8 +168,10 @@ class StoreWriter:
     ``"task"`` order on close
     (it is read back whole for that: a store's size in memory once). A DVC stage that re-collects the same
     episodes then writes the same output, and the stages after it are not re-run. ``reproducible=False``
-    keeps the timings and the completion order (manifest ``reproducible: false``). Not thread-safe: callers
-    that write from several threads hold a lock around ``write``.
+    keeps the timings and the completion order (manifest ``reproducible: false``). The table has the
+    ``token_ids`` step column (:data:`SCHEMA_TOKENS`) once some step has token ids; row groups written before
+    that are rewritten with it. Not thread-safe: callers that write from several threads hold a lock around
+    ``write``.
     """
 
     def __init__(self, root: str | os.PathLike, batch: int = 64, manifest: dict[str, Any] | None = None,
@@ -173,6 +184,7 @@ class StoreWriter:
         self._rows: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
         self._tmp = self.root / (TABLE + ".tmp")
+        self.schema = SCHEMA  # SCHEMA_TOKENS from the first step with token ids on
         self.count = 0
         self.n_steps = 0
 
@@ -182,6 +194,8 @@ class StoreWriter:
             row.update(dict.fromkeys(TIMING_FIELDS, 0.0))
             for s in row["steps"]:
                 s.update(dict.fromkeys(STEP_TIMING_FIELDS, 0.0))
+        if self.schema is SCHEMA and any(s["token_ids"] is not None for s in row["steps"]):
+            self._widen()
         self._rows.append(row)
         self.count += 1
         self.n_steps += traj.n_steps
@@ -191,11 +205,23 @@ class StoreWriter:
     def _flush(self) -> None:
         if not self._rows:
             return
-        table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
+        table = pa.Table.from_pylist(self._rows, schema=self.schema)
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._tmp, SCHEMA, compression="zstd")
+            self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
         self._writer.write_table(table)
         self._rows = []
+
+    def _widen(self) -> None:
+        """Switch to :data:`SCHEMA_TOKENS`, rewriting the row groups already written (their token ids null)."""
+        self.schema = SCHEMA_TOKENS
+        if self._writer is None:
+            return
+        self._writer.close()
+        with pq.ParquetFile(self._tmp) as pf:
+            groups = [pf.read_row_group(i).to_pylist() for i in range(pf.num_row_groups)]
+        self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
+        for rows in groups:
+            self._writer.write_table(pa.Table.from_pylist(rows, schema=self.schema))
 
     def close(self) -> None:
         self._flush()
@@ -212,7 +238,7 @@ class StoreWriter:
         (self.root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
     def _sort_in_task_order(self) -> None:
-        table = pq.read_table(self._tmp, schema=SCHEMA).sort_by(TASK_ORDER)
+        table = pq.read_table(self._tmp, schema=self.schema).sort_by(TASK_ORDER)
         pq.write_table(table, self._tmp, compression="zstd", row_group_size=self.batch)
 
     def __enter__(self) -> StoreWriter:

@@ -28,7 +28,8 @@ from typing import Any
 from mobilerl.env.actions import BACK, SWIPE, TAP, Action
 from mobilerl.env.base import AsyncEnv, Env
 from mobilerl.env.fake import BUTTON, CounterEnv
-from mobilerl.env.pool import EnvPool, LatencyEnv, ProcessEnv, ThreadEnv
+from mobilerl.env.pool import EnvPool, LatencyEnv, ThreadEnv
+from mobilerl.env.process_env import ProcessEnv
 
 _CLICKABLE = re.compile(r'clickable="true"[^>]*?bounds="\[(\d+),(\d+)\]\[(\d+),(\d+)\]"')
 

@@ -13,7 +13,7 @@ Protocol (JSON; every endpoint but ``/health`` needs ``Authorization: Bearer <to
 
 A session is one leased worker of the server's :class:`~mobilerl.env.pool.EnvPool`; ``/reset`` without a
 session leases a worker (503 if none frees up within ``acquire_timeout``), with a session it resets the
-same worker. With ``isolate=True`` every worker is a :class:`~mobilerl.env.pool.ProcessEnv`: a worker
+same worker. With ``isolate=True`` every worker is a :class:`~mobilerl.env.process_env.ProcessEnv`: a worker
 that dies mid-episode is replaced by the pool; the call that found it dead answers 503 naming the crash,
 later calls on that session 409, and new sessions keep working. Sessions idle for ``session_ttl`` seconds
 are closed, so crashed clients do not leak workers. Other errors: unknown session 404, env error
@@ -47,7 +47,8 @@ from pydantic import BaseModel, Field
 
 from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
 from mobilerl.env.base import Env, EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
-from mobilerl.env.pool import EnvPool, PooledEnv, PoolExhausted, ProcessEnv, ThreadEnv
+from mobilerl.env.pool import EnvPool, PooledEnv, PoolExhausted, ThreadEnv
+from mobilerl.env.process_env import ProcessEnv
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,6 @@ from mobilerl.eval.metrics import (
     complexity_level,
     difficulty_buckets,
     failure_flags,
-    flatten,
     has_loop,
     lab_metrics,
     pass_at_k,
@@ -15,17 +14,15 @@ from mobilerl.eval.metrics import (
     tertile_buckets,
     wilson_interval,
 )
-from mobilerl.eval.runner import episode_seed, evaluate, evaluate_sync, sim_template_texts
+from mobilerl.eval.runner import evaluate, evaluate_sync, sim_template_texts
 
 __all__ = [
     "classify_failure",
     "complexity_level",
     "difficulty_buckets",
-    "episode_seed",
     "evaluate",
     "evaluate_sync",
     "failure_flags",
-    "flatten",
     "has_loop",
     "lab_metrics",
     "pass_at_k",

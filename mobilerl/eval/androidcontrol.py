@@ -17,7 +17,7 @@ Wait/Finish
 
 Scroll vs swipe: AndroidControl's ``scroll`` direction is where the *content* moves into view
 ("scroll down" reveals what is below), our ``Swipe`` direction is where the *finger* moves; they are
-opposite, so :func:`from_androidcontrol` maps ``scroll down`` to ``Swipe up`` (and left ↔ right).
+opposite, so :func:`mobilerl.data.androidcontrol_actions.from_androidcontrol` maps ``scroll down`` to ``Swipe up`` (and left ↔ right).
 
 Metrics (per mode): ``type_accuracy`` (type matches / steps), ``grounding_accuracy`` (over GT Tap /
 Long Press steps whose predicted type matched: point inside box), ``grounding_accuracy_all`` (same,
@@ -55,28 +55,12 @@ from typing import Any, Literal, get_args
 
 from mobilerl.agent import prompt
 from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, parse_compressed
+from mobilerl.data.androidcontrol_actions import GTStep, point_in_box
 from mobilerl.data.sft import framed_steps
 from mobilerl.data.step_instructions import step_instruction
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
 from mobilerl.env.base import Observation, TaskSpec
-
-Point = tuple[int, int]
-
-_OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
-
-
-@dataclass(frozen=True)
-class GTStep:
-    """A ground-truth step: our action, and the original point for Tap / Long Press (else the box's
-    centre is used)."""
-
-    action: Action
-    point: Point | None = None
-
-    @property
-    def target_point(self) -> Point | None:
-        return self.point if self.point is not None else self.action.center
 
 
 @dataclass
@@ -102,55 +86,6 @@ class ACEpisode:
                 f"episode {self.episode_id!r}: {n} actions, {len(self.observations)} observations and "
                 f"{len(self.step_instructions)} step instructions; they must match"
             )
-
-
-def from_androidcontrol(
-    d: dict[str, Any], xml_compressed: str = "", width: int = 1080, height: int = 2400
-) -> GTStep:
-    """Convert one AndroidControl action (``{"action_type": ..., ...}``) into a :class:`GTStep`.
-
-    ``click`` / ``long_press`` at ``(x, y)`` become Tap / Long Press on the smallest UI box of
-    ``xml_compressed`` that contains the point (App. D.5: point → bounding box), or on a 1-pixel box at
-    the point when no box contains it; the point is kept. ``scroll`` inverts the direction (see module
-    docstring); ``open_app`` → Launch, ``input_text`` → Type, ``navigate_home`` / ``navigate_back`` /
-    ``wait`` → Home / Back / Wait; ``status`` / ``finish`` → Finish.
-    """
-    kind = str(d.get("action_type", "")).strip().lower()
-    if kind in ("click", "long_press"):
-        try:
-            x, y = int(d["x"]), int(d["y"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"AndroidControl {kind} needs integer x and y, got {d!r}") from None
-        boxes = [n.bounds for n in parse_compressed(xml_compressed) if _inside((x, y), n.bounds)]
-        if boxes:
-            box = min(boxes, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))
-        else:
-            box = (max(0, x), max(0, y), max(0, x) + 1, max(0, y) + 1)
-        return GTStep(Action(A.TAP if kind == "click" else A.LONG_PRESS, element=box), (x, y))
-    if kind == "scroll":
-        direction = str(d.get("direction", "")).strip().lower()
-        if direction not in _OPPOSITE:
-            raise ValueError(f"AndroidControl scroll needs direction up/down/left/right, got {d!r}")
-        return GTStep(Action(A.SWIPE, direction=_OPPOSITE[direction], dist="medium"))
-    if kind == "open_app":
-        return GTStep(Action(A.LAUNCH, app=str(d.get("app_name", ""))))
-    if kind == "input_text":
-        return GTStep(Action(A.TYPE, text=str(d.get("text", ""))))
-    simple = {
-        "navigate_home": A.HOME,
-        "navigate_back": A.BACK,
-        "wait": A.WAIT,
-        "status": A.FINISH,
-        "finish": A.FINISH,
-    }
-    if kind in simple:
-        return GTStep(Action(simple[kind]))
-    raise ValueError(f"unknown AndroidControl action_type {kind!r} in {d!r}")
-
-
-def _inside(p: Point, box: tuple[int, int, int, int]) -> bool:
-    x, y = p
-    return box[0] <= x <= box[2] and box[1] <= y <= box[3]
 
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
@@ -217,7 +152,7 @@ def judge_step(gt: GTStep, pred: Action | None, screen: str | None = None) -> St
         return StepJudgement(False, False if grounding else None, False)
     if grounding:
         point = gt.target_point
-        ok = point is not None and pred.element is not None and _inside(point, pred.element)
+        ok = point is not None and pred.element is not None and point_in_box(point, pred.element)
         miss = None if ok or screen is None else miss_kind(pred.element, screen)
         return StepJudgement(True, ok, ok, miss=miss)
     if g.name == A.SWIPE:

@@ -356,7 +356,7 @@ def summarize(
     ``lab/…`` (:func:`lab_metrics`), ``failures/…`` (count of each primary failure kind). Each ``by_*``
     value maps a group to ``{n_tasks, n_trajectories, success_rate, success_ci_low/high, pass@k…}``.
     Semantic features read ``template_texts[t.template]`` when given, else the instruction.
-    :func:`flatten` turns the result into flat ``/``-joined keys for a metrics logger.
+    :func:`mobilerl.tracking.flatten` (``sep="/"``) turns the result into flat keys for a metrics logger.
 
     pass@k averages per-task estimates; with unequal trials per task, each task uses its own ``n``, and a group
     with a task of fewer than ``k`` trials has pass@k ``None`` (not estimable; the report prints "–"). The
@@ -397,16 +397,4 @@ def summarize(
     kinds = Counter(classify_failure(t) for t in trajs if not t.success)
     for kind in FAILURE_KINDS:
         out[f"failures/{kind}"] = kinds.get(kind, 0)
-    return out
-
-
-def flatten(summary: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
-    """``{"eval/by_difficulty": {"easy": {"pass@1": x}}}`` → ``{"eval/by_difficulty/easy/pass@1": x}``."""
-    out: dict[str, Any] = {}
-    for k, v in summary.items():
-        if isinstance(v, Mapping):
-            for k2, v2 in flatten(v, sep).items():
-                out[f"{k}{sep}{k2}"] = v2
-        else:
-            out[k] = v
     return out

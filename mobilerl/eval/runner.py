@@ -3,18 +3,14 @@
     trajs = await evaluate(lambda seed: RandomPolicy(seed), list_tasks("world", "test"), n_trials=8)
     summary = summarize(trajs)
 
-Seeds: the environment side of an episode is fixed by the task — the simulator draws its initial
-state *and* its perturbations (pop-ups, loading screens, list shuffles) from ``task.seed`` — so all
-trials of a task meet the same device. Trials differ only through the policy: trial ``t`` of task ``id``
-gets the policy seed ``episode_seed(base_seed, id, t)`` (a stable hash), passed to
-``policy_factory(seed)``, which is called once per episode. A policy factory may return a shared
-instance (policies key their per-episode state by ``ctx.episode_id``).
+The episodes, their seeds and their failures are the episode runner's
+(:func:`~mobilerl.agent.runner.run_episodes`); this module picks the env workers and keeps the trajectories.
 
 Workers: by default each is a ``SimEnv(render=False, perturb=perturb)`` run on the event loop
 (:class:`~mobilerl.env.pool.InlineEnv`: the simulator's calls are short Python, and a thread hop per call
 cost half as much again); an ``env_factory`` of your own runs in a :class:`~mobilerl.env.pool.ThreadEnv`
 (threads on one bounded executor, calls time out) unless ``inline_env=True``; ``use_processes=True`` runs
-each env in its own child process (:class:`~mobilerl.env.pool.ProcessEnv`; ``env_factory`` must then be
+each env in its own child process (:class:`~mobilerl.env.process_env.ProcessEnv`; ``env_factory`` must then be
 picklable, e.g. a class or ``functools.partial``). ``perturb`` only configures the default factory.
 """
 
@@ -22,31 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import logging
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from mobilerl.agent.policy import Policy
-from mobilerl.agent.rollout import rollout
-from mobilerl.trajectory import JsonlWriter, Trajectory
+from mobilerl.agent.runner import Episode, PolicyFactory, run_episodes
 from mobilerl.env.base import Env, TaskSpec
-from mobilerl.env.pool import EnvPool, InlineEnv, ProcessEnv, ThreadEnv
-
-log = logging.getLogger(__name__)
-
-PolicyFactory = Callable[[int], Policy]
-
-
-def episode_seed(base_seed: int, task_id: str, trial: int) -> int:
-    """A stable 63-bit policy seed for trial ``trial`` of ``task_id`` (independent of run order)."""
-    h = hashlib.blake2b(f"{base_seed}|{task_id}|{trial}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") >> 1
+from mobilerl.env.pool import EnvPool, InlineEnv, ThreadEnv
+from mobilerl.env.process_env import ProcessEnv
+from mobilerl.trajectory import JsonlWriter, Trajectory
 
 
 def _default_env_factory(perturb: str) -> Callable[[], Env]:
@@ -75,7 +56,8 @@ async def evaluate(
     """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
 
     Args:
-        policy_factory: ``seed -> Policy``, called once per episode with that episode's seed.
+        policy_factory: ``seed -> Policy``, called once per episode with that episode's seed
+            (:func:`~mobilerl.agent.runner.episode_seed`).
         tasks: the tasks (e.g. ``list_tasks("world", "test")``).
         n_trials: episodes per task (pass@k needs ``n_trials >= k``).
         concurrency: episodes in flight at once (= env workers in the pool).
@@ -101,11 +83,11 @@ async def evaluate(
         raise ValueError(f"n_trials must be >= 1, got {n_trials}")
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    episodes = [(task, trial) for task in tasks for trial in range(n_trials)]
-    if not episodes:
+    n_episodes = len(tasks) * n_trials
+    if not n_episodes:
         return []
     make_env = env_factory if env_factory is not None else _default_env_factory(perturb)
-    size = min(concurrency, len(episodes))
+    size = min(concurrency, n_episodes)
     executor: ThreadPoolExecutor | None = None
     if inline_env is None:
         inline_env = env_factory is None
@@ -123,60 +105,24 @@ async def evaluate(
         def worker_factory() -> Any:
             return ThreadEnv(make_env(), executor=executor)
 
-    results: list[Trajectory | None] = [None] * len(episodes)
     writer = JsonlWriter(out_path, append=append) if out_path is not None else None
-    bar = tqdm(total=len(episodes), disable=not progress, desc="eval", unit="ep", dynamic_ncols=True)
-    n_success = n_done = 0
-    pool = EnvPool(worker_factory, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8))
 
-    async def one(i: int, task: TaskSpec, trial: int) -> None:
-        nonlocal n_success, n_done
-        seed = episode_seed(base_seed, task.task_id, trial)
-        t0 = time.perf_counter()
-        stage = "policy"  # which side failed, if something fails outside the rollout
-        try:
-            policy = policy_factory(seed)
-            stage = "env"
-            async with pool.acquire() as env:
-                stage = "runner"
-                traj = await rollout(
-                    env, policy, task, trial=trial, seed=seed, keep_screenshots_dir=keep_screenshots_dir
-                )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - one bad episode must not end the evaluation
-            log.warning("episode %s trial %d failed outside the rollout: %r", task.task_id, trial, e)
-            traj = Trajectory.for_task(
-                task, trial=trial, seed=seed, error=f"{stage}: {type(e).__name__}: {e}"
-            )
-            traj.wall_time_s = time.perf_counter() - t0
-        results[i] = traj
-        n_done += 1
-        n_success += traj.success
-        if writer is not None:
-            writer.write(traj)
-        bar.update(1)
-        bar.set_postfix(sr=f"{n_success / n_done:.3f}", refresh=False)
+    async def write(ep: Episode) -> None:
+        assert writer is not None
+        writer.write(ep.trajectory)
 
     try:
-        async with pool:
-            jobs = [asyncio.create_task(one(i, task, trial)) for i, (task, trial) in enumerate(episodes)]
-            try:
-                await asyncio.gather(*jobs)
-            except BaseException:
-                # A failure outside any episode (e.g. the JSONL file) or a cancellation: stop the rest
-                # before the pool closes under them.
-                for job in jobs:
-                    job.cancel()
-                await asyncio.gather(*jobs, return_exceptions=True)
-                raise
+        async with EnvPool(worker_factory, size=size, call_timeout=call_timeout,
+                           start_concurrency=min(size, 8)) as pool:
+            episodes = await run_episodes(pool, policy_factory, tasks, n_trials=n_trials, base_seed=base_seed,
+                                          on_episode=write if writer is not None else None,
+                                          keep_screenshots_dir=keep_screenshots_dir, progress=progress, desc="eval")
     finally:
-        bar.close()
         if writer is not None:
             writer.close()
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
-    return [t for t in results if t is not None]
+    return [ep.trajectory for ep in episodes]
 
 
 def evaluate_sync(

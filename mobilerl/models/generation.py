@@ -14,21 +14,20 @@ per entry of ``images``, in order (LLaMA-Factory's sharegpt convention, the form
 :mod:`mobilerl.agent.prompt` and the SFT data use). Content may also be a list of parts
 ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` (an image part consumes the next image).
 
-**Which logprobs (every backend, generate and score alike).** For the token ``y_t`` chosen at step ``t``::
-
-    logprob_t = log_softmax(logits_t / T)[y_t]      T = sampling temperature, or 1 when greedy (T = 0)
-
-computed in float32 from the model's raw logits: no top-p / top-k renormalisation (top-p only restricts
-which tokens may be drawn), no penalties. This is the quantity a trainer recomputes for the importance
-ratio pi_theta / pi_old (MobileRL §2.2, the PPO/GRPO ratio), so rollout and trainer logprobs are directly
-comparable. vLLM computes the same with ``logprobs_mode="processed_logprobs"`` as long as ``top_p == 1``
+**Which logprobs (every backend, generate and score alike).** For the token ``y_t`` chosen at step ``t``,
+``logprob_t = log_softmax(logits_t / T)[y_t]`` from the model's raw logits, T = the sampling temperature or 1
+when greedy: :func:`mobilerl.models.logprobs.token_logprobs`, the definition a trainer recomputes for the
+importance ratio. No top-p / top-k renormalisation (top-p only restricts which tokens may be drawn), no
+penalties. vLLM computes the same with ``logprobs_mode="processed_logprobs"`` as long as ``top_p == 1``
 (with ``top_p < 1`` vLLM renormalises over the nucleus); an OpenAI-compatible vLLM server returns it only
 when started with ``--logprobs-mode processed_logprobs`` (its default ``raw_logprobs`` equals it at T = 1).
 
 **Tokens.** ``Generation.token_ids`` are all sampled tokens, including the end-of-turn token when the
 model emitted it (``finish_reason == "stop"``) and the tokens that completed a stop string; ``logprobs``
-has one entry per token id. ``text`` is the decoded response without special tokens, cut before a stop
-string. Scoring ``Generation.token_ids`` reproduces ``Generation.logprobs``.
+has one entry per token id (RL needs both). Only a server that does not return token ids (an OpenAI-style
+server without vLLM's extensions) leaves ``token_ids`` empty beside non-empty logprobs. ``text`` is the
+decoded response without special tokens, cut before a stop string. Scoring ``Generation.token_ids``
+reproduces ``Generation.logprobs``.
 
 **Seeds.** Request ``i`` of one ``generate`` call is sampled with seed ``sampling.seed + i`` (so a group
 of identical requests yields distinct samples, reproducibly); ``seed=None`` draws fresh randomness.
@@ -37,7 +36,6 @@ of identical requests yields distinct samples, reproducibly); ``seed=None`` draw
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -120,6 +118,21 @@ def text_content(content: Any) -> str:
     return "".join(p["text"] if p["type"] == "text" else IMAGE_PLACEHOLDER for p in content_parts(content))
 
 
+def render_prompt(processor: Any, request: ChatRequest) -> str:
+    """The prompt text of a request through the chat template of ``processor`` (a multimodal processor:
+    image parts become the model's image tokens) or of a bare tokenizer (text only)."""
+    if hasattr(processor, "image_processor"):
+        messages = request.parts_messages()
+    else:
+        messages = [{**m, "content": text_content(m["content"])} for m in request.messages]
+    return processor.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+    )
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to sample. ``temperature=0`` is greedy decoding."""
@@ -166,7 +179,8 @@ class SamplingConfig:
 
 @dataclass
 class Generation:
-    """One sampled response. ``logprobs[i]`` belongs to ``token_ids[i]`` (see the module docstring)."""
+    """One sampled response. ``logprobs[i]`` belongs to ``token_ids[i]``; ``token_ids`` is empty only when the
+    server did not return them (see the module docstring)."""
 
     text: str
     token_ids: list[int]
@@ -196,12 +210,6 @@ class GenerationBackend(Protocol):
         as text it is scored as a finished assistant turn: its tokens, then the end-of-turn token
         (so ``len(result) == len(tokens(text)) + 1``)."""
         ...
-
-
-def stable_seed(*parts: object) -> int:
-    """A 63-bit seed from any parts (independent of ``PYTHONHASHSEED``)."""
-    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") >> 1
 
 
 def apply_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

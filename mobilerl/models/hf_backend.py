@@ -8,48 +8,41 @@ batch runs, or within ``batch_wait_ms`` of the first, are generated together (up
 worker thread. Requests with different ``max_new_tokens`` / ``stop`` never share a batch; temperature,
 top-p and seed are per request.
 
-A batch is not one left-padded ``model.generate`` call: on a CPU that spent half its prefill FLOPs on pad
-tokens, built (B, L, L) masks, and copied the whole KV cache at every token. Instead each prompt is
-prefilled alone (causal kernel, no mask; text-only prompts of a Qwen2-VL model through the lean
-:class:`~mobilerl.models.text_prefill.TextPrefill`), the caches are copied once into preallocated left-padded
-buffers, and the rows decode together; finished rows are dropped from the cache once at most half are
-live. Sampling is vectorised over rows (:class:`_Sampler`), each row with its own seeded stream, so a
-request's sample depends on its seed, not on which other requests share its batch (up to the float noise
-that batching adds to the decoding logits). Logprobs come from the raw logits, as defined in
-:mod:`mobilerl.models.generation`. ``score`` is one forward pass over prompt + completion.
+A batch is not one left-padded ``model.generate`` call, which spends prefill FLOPs on pad tokens and copies
+the whole KV cache at every token. Each prompt is prefilled alone (causal kernel, no mask; text-only
+prompts of a Qwen2-VL model through the lean :class:`~mobilerl.models.text_prefill.TextPrefill`), the caches
+are copied once into one batch cache (:mod:`mobilerl.models.decode_cache`), and the rows decode together,
+each drawn from its own seeded stream (:mod:`mobilerl.models.sampler`), so a request's sample does not
+depend on its batch mates (up to the float noise batching adds to the logits). Greedy rows also check
+guessed tokens (:mod:`mobilerl.models.speculation`) in forwards that run anyway. Logprobs are
+:func:`mobilerl.models.logprobs.token_logprobs` of the raw logits; ``score`` is one teacher-forced forward.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
-import math
 import random
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from mobilerl.models.decode_cache import Arena, decode_cache, layer_kv
 from mobilerl.models.generation import (
     ChatRequest,
     Generation,
     MicroBatcher,
     SamplingConfig,
     apply_stop,
-    text_content,
+    render_prompt,
 )
+from mobilerl.models.logprobs import token_logprobs
+from mobilerl.models.sampler import Sampler
+from mobilerl.models.speculation import PromptLookup, ResponseLookup
 from mobilerl.models.text_prefill import LineTokenCache, PrefixCache, TextPrefill
 
-
-def token_logprobs(logits: Any, tokens: Any, temperature: float | Any) -> Any:
-    """``log_softmax(logits / T)`` gathered at ``tokens``: logits (N, V), tokens (N,) -> (N,) float32. ``T``: a
-    float, or an (N, 1) tensor (one temperature per row)."""
-    import torch
-
-    lp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
-    return lp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)  # (N,)
+DECODE_ROOM = 32  # positions a batch's decoding cache holds beyond its longest prompt before it grows
 
 
 def attention_kernels(device: Any) -> Any:
@@ -70,273 +63,6 @@ def attention_kernels(device: Any) -> Any:
 
 def _is_tiny_checkpoint(path: Path) -> bool:
     return (path / "tiny.json").exists()
-
-
-class _Sampler:
-    """Picks every row's next token at once; row ``b`` draws from its own seeded stream.
-
-    Row ``b``: greedy if its temperature is 0; else softmax(logits / T) restricted to the top-p nucleus
-    (smallest set of tokens whose probability reaches ``top_p``; the top token always stays), sampled by
-    inverse CDF with the ``t``-th of ``max_new_tokens`` uniforms drawn up front from ``Generator(seed)``. So a
-    row's sample depends on its seed and logits only, never on the other rows of its batch, and no
-    per-row Python runs per token (the per-row loop was a large share of a CPU step). Tokens in
-    ``suppress`` (the image/video placeholders, which the model cannot take back as input without their
-    pixels) are never drawn; logprobs still come from the raw logits.
-    """
-
-    def __init__(self, sampling: Sequence[SamplingConfig], seeds: Sequence[int], n: int, suppress: list[int],
-                 device: Any):
-        import torch
-
-        self.temps = torch.tensor([s.temperature for s in sampling], dtype=torch.float32, device=device)
-        self.top_ps = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=device)
-        self.greedy = self.temps == 0
-        self.any_sampled = not bool(self.greedy.all())
-        self.suppress = suppress
-        self.u = torch.stack([torch.rand(n, generator=torch.Generator().manual_seed(seed)) for seed in seeds]).to(device)
-
-    def _scores(self, logits: Any) -> Any:
-        scores = logits.float()
-        if self.suppress:
-            scores = scores.clone()  # never modify the raw logits (the logprobs come from them)
-            scores[..., self.suppress] = float("-inf")
-        return scores
-
-    def greedy_tokens(self, logits: Any) -> Any:
-        """The greedy choice at each of ``logits`` (..., V): what a temperature-0 row samples."""
-        return self._scores(logits).argmax(dim=-1)
-
-    def __call__(self, logits: Any, rows: Any, t: int) -> Any:
-        """Tokens (b,) for raw ``logits`` (b, V) of the items ``rows`` (b,) at new-token index ``t``."""
-        import torch
-
-        scores = self._scores(logits)
-        tok = scores.argmax(dim=-1)
-        if not self.any_sampled:
-            return tok
-        sampled = ~self.greedy[rows]
-        if not bool(sampled.any()):
-            return tok
-        r = rows[sampled]
-        probs = torch.softmax(scores[sampled] / self.temps[r, None], dim=-1)  # (s, V)
-        top_p = self.top_ps[r]
-        if bool((top_p < 1).any()):
-            probs, order = probs.sort(dim=-1, descending=True)
-            keep = (probs.cumsum(-1) - probs) < top_p[:, None]  # tokens before the mass reaches top_p
-            keep[:, 0] = True
-            probs = probs * keep
-        else:
-            order = None
-        cdf = probs.cumsum(-1)
-        j = torch.searchsorted(cdf, (self.u[r, t] * cdf[:, -1]).unsqueeze(-1), right=True)
-        j = torch.where(j >= cdf.shape[-1], cdf.argmax(-1, keepdim=True), j)  # u * total rounded up to total
-        tok[sampled] = (order.gather(-1, j) if order is not None else j).squeeze(-1)
-        return tok
-
-
-class PromptLookup:
-    """Guesses a row's next tokens for speculative decoding by prompt lookup: find the latest earlier place
-    where the text's last ``n`` tokens (``n`` = 3, 2, 1) occurred, in the prompt or the tokens generated so
-    far, and copy what followed it. The copy may run into the tokens it is producing (as an LZ77 copy does), so
-    a loop of one token or phrase is guessed to any length. Answers here copy the prompt (a ``Type`` text is
-    a span of the task, an element's index or the format from the history), and a degenerate answer repeats
-    one token to the length cap.
-
-    N-grams are indexed incrementally (a dict per ``n``), so a guess costs O(k) after the prompt's one pass.
-    """
-
-    def __init__(self, prompt: list[int], max_n: int = 3) -> None:
-        self.ctx = list(prompt)
-        self.n_prompt = len(prompt)
-        self.max_n = max_n
-        self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
-        self.indexed = 0  # n-grams ending at positions < indexed are in the index
-
-    def draft(self, generated: list[int], k: int) -> list[int]:
-        """Up to ``k`` guessed tokens after prompt + ``generated`` (``generated`` only grows between calls)."""
-        ctx = self.ctx
-        ctx.extend(generated[len(ctx) - self.n_prompt:])
-        end = len(ctx)
-        for e in range(max(self.indexed, 1), end):  # every n-gram ending before the last position
-            for n in range(1, min(self.max_n, e) + 1):
-                self.index[n][tuple(ctx[e - n:e])] = e
-        self.indexed = end
-        for n in range(min(self.max_n, end - 1), 0, -1):
-            src = self.index[n].get(tuple(ctx[end - n:]))
-            if src is not None:
-                out: list[int] = []
-                for i in range(k):
-                    j = src + i
-                    out.append(ctx[j] if j < end else out[j - end])
-                return out
-        return []
-
-
-class ResponseLookup:
-    """Guesses how a response goes on from the responses generated before it: counts of which token followed
-    each 1-, 2- and 3-token context in the last ``window`` responses (each preceded by a start mark, so an
-    empty response is guessed to begin as most of them began); the longest context seen decides, its most
-    frequent successor wins. An agent's answers are formulaic (``<answer>do(action="Tap", index=`` begins two
-    in three of the tiny policy's), and a guess costs nothing when it is checked inside the prompt's prefill.
-    """
-
-    START = -1
-
-    def __init__(self, max_n: int = 3, window: int = 256) -> None:
-        self.max_n, self.window = max_n, window
-        self.counts: dict[tuple[int, ...], dict[int, int]] = {}
-        self.recent: deque[list[int]] = deque()
-
-    def _ngrams(self, tokens: list[int]) -> Iterator[tuple[tuple[int, ...], int]]:
-        ctx = [self.START, *tokens]
-        for e in range(1, len(ctx)):
-            for n in range(1, min(self.max_n, e) + 1):
-                yield tuple(ctx[e - n:e]), ctx[e]
-
-    def add(self, tokens: Sequence[int]) -> None:
-        """Count a finished response (forgetting the oldest beyond ``window``)."""
-        tokens = list(tokens)
-        self.recent.append(tokens)
-        for key, nxt in self._ngrams(tokens):
-            succ = self.counts.setdefault(key, {})
-            succ[nxt] = succ.get(nxt, 0) + 1
-        if len(self.recent) > self.window:
-            for key, nxt in self._ngrams(self.recent.popleft()):
-                succ = self.counts[key]
-                succ[nxt] -= 1
-                if not succ[nxt]:
-                    del succ[nxt]
-                    if not succ:
-                        del self.counts[key]
-
-    def draft(self, generated: Sequence[int], k: int, stop: set[int] | frozenset[int] = frozenset(),
-              min_share: float = 0.0) -> list[int]:
-        """Up to ``k`` guessed tokens after ``generated``; the guess ends after a token of ``stop``, or before
-        a token that followed its context less than ``min_share`` of the time."""
-        ctx, out = [self.START, *generated], []
-        while len(out) < k:
-            succ = next((self.counts[key] for n in range(min(self.max_n, len(ctx)), 0, -1)
-                         if (key := tuple(ctx[-n:])) in self.counts), None)
-            if succ is None:
-                break
-            tok = max(succ, key=succ.__getitem__)
-            if succ[tok] < min_share * sum(succ.values()):
-                break
-            out.append(tok)
-            ctx.append(tok)
-            if tok in stop:
-                break
-        return out
-
-
-DECODE_ROOM = 32  # positions a batch's decoding cache holds beyond its longest prompt before it grows
-
-
-class _Arena:
-    """One reusable block of memory for the batch KV buffers. A batch's buffers are tens of MB; allocated fresh
-    for every batch, their pages were faulted in anew each time (the largest part of building the cache).
-    Buffers carved from the arena are valid until the next :meth:`start`, i.e. for one batch (batches run one
-    at a time on the backend's model thread)."""
-
-    def __init__(self) -> None:
-        self.block: Any = None
-        self.used = 0
-
-    def start(self, numel: int, like: Any) -> None:
-        if self.block is None or self.block.numel() < numel or self.block.dtype != like.dtype \
-                or self.block.device != like.device:
-            self.block = like.new_empty(numel)
-        self.used = 0
-
-    def take(self, shape: tuple[int, ...]) -> Any:
-        n = math.prod(shape)
-        out = self.block[self.used:self.used + n].view(shape)
-        self.used += n
-        return out
-
-
-def _decode_cache(prefills: Sequence[list[tuple[Any, Any]]], lengths: list[int], capacity: int,
-                  arena: _Arena) -> Any:
-    """A batch KV cache of ``GrowingLayer`` s (:func:`_growing_layer`): the prompts' per-layer ``(keys,
-    values)`` (each (1, H, L_b, D)) left-padded to ``max(lengths)`` in buffers with room for ``capacity``
-    positions, carved from ``arena``."""
-    from transformers.cache_utils import Cache
-
-    width = max(lengths)
-    layers = []
-    shapes = [((len(prefills), k0.shape[1], capacity, k0.shape[3]), (len(prefills), v0.shape[1], capacity, v0.shape[3]))
-              for k0, v0 in prefills[0]]
-    arena.start(sum(math.prod(a) + math.prod(b) for a, b in shapes), prefills[0][0][0])
-    for li, (k_shape, v_shape) in enumerate(shapes):
-        # Uninitialised beyond ``width`` (written before it is read); the padding is zeroed, as masked
-        # positions must hold finite values (0 × NaN is NaN).
-        kb, vb = arena.take(k_shape), arena.take(v_shape)
-        for b, (kv, n) in enumerate(zip(prefills, lengths, strict=True)):
-            kb[b, :, :width - n] = 0
-            vb[b, :, :width - n] = 0
-            kb[b, :, width - n:width] = kv[li][0][0]
-            vb[b, :, width - n:width] = kv[li][1][0]
-        layers.append(_growing_layer()(kb, vb, width))
-    return Cache(layers=layers)
-
-
-def _layer_kv(cache: Any) -> list[tuple[Any, Any]]:
-    """Per-layer ``(keys, values)`` of a transformers prefill cache (full-attention layers only)."""
-    from transformers.cache_utils import DynamicLayer
-
-    out = []
-    for li, layer in enumerate(cache.layers):
-        if type(layer) is not DynamicLayer:
-            raise NotImplementedError(
-                f"HFBackend decodes full-attention caches only; layer {li} is a {type(layer).__name__}"
-            )
-        out.append((layer.keys, layer.values))
-    return out
-
-
-@functools.cache
-def _growing_layer() -> type:
-    """The ``GrowingLayer`` class (defined on first use: transformers is imported lazily)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """One layer's K/V for batched decoding: preallocated ``(B, H, capacity, D)`` buffers written in
-        place. (``DynamicLayer`` concatenates, copying the whole batch cache at every token: that copy was
-        the largest cost of a CPU decoding step.)"""
-
-        def __init__(self, keys: Any, values: Any, length: int) -> None:
-            super().__init__()
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self.kbuf, self.vbuf, self.length = keys, values, length
-            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
-
-        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            end = self.length + key_states.shape[-2]
-            if end > self.kbuf.shape[2]:  # a long answer (or speculation's rejected positions) used up the room
-                import torch
-
-                more = max(end, 2 * self.kbuf.shape[2]) - self.kbuf.shape[2]
-                self.kbuf = torch.cat((self.kbuf, self.kbuf.new_zeros(*self.kbuf.shape[:2], more, self.kbuf.shape[3])), 2)
-                self.vbuf = torch.cat((self.vbuf, self.vbuf.new_zeros(*self.vbuf.shape[:2], more, self.vbuf.shape[3])), 2)
-            self.kbuf[:, :, self.length:end] = key_states
-            self.vbuf[:, :, self.length:end] = value_states
-            self.length = end
-            self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.length + query_length, 0
-
-        def select(self, rows: Any, start: int) -> None:
-            """Keep batch rows ``rows`` and drop the first ``start`` positions (padding of every kept row)."""
-            self.kbuf, self.vbuf = self.kbuf[rows, :, start:], self.vbuf[rows, :, start:]
-            self.length -= start
-            self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
-
-    return GrowingLayer
 
 
 class HFBackend:
@@ -384,7 +110,7 @@ class HFBackend:
         self.speculate_tokens, self.speculate_rows = speculate_tokens, speculate_rows
         self.prefill_draft, self.batch_draft = prefill_draft, batch_draft
         self.responses = ResponseLookup()
-        self._arena = _Arena()
+        self._arena = Arena()
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -550,7 +276,7 @@ class HFBackend:
             pos = torch.arange(n, device=self.model.device).unsqueeze(0)
             out = self.model(**enc, position_ids=pos, use_cache=True, **self._last_logits)
             delta = 0
-        return out.logits[0, -1:], _layer_kv(out.past_key_values), n, delta, ids, []
+        return out.logits[0, -1:], layer_kv(out.past_key_values), n, delta, ids, []
 
     def _generate_batch(self, items: list[tuple[ChatRequest, SamplingConfig, int]]) -> list[Generation]:
         """Prefill each prompt alone, then decode all rows together over one preallocated KV cache.
@@ -574,8 +300,8 @@ class HFBackend:
             pre = [self._prefill(r, draft if s.temperature == 0 else []) for r, s, _ in items]
             prompt_lens = [n for _, _, n, _, _, _ in pre]
             prompt_ids = [ids for _, _, _, _, ids, _ in pre]
-            sampler = _Sampler([s for _, s, _ in items], [seed for _, _, seed in items], n_new, self.suppress_ids,
-                               device)
+            sampler = Sampler([s for _, s, _ in items], [seed for _, _, seed in items], n_new, self.suppress_ids,
+                              device)
             lp_temps = torch.tensor([s.logprob_temperature for _, s, _ in items], device=device)
             greedy = sampler.greedy.tolist()
             rows = torch.arange(len(items), device=device)  # batch row -> item
@@ -605,9 +331,9 @@ class HFBackend:
             # Room for the typical answer only: the buffers grow when a row runs longer. (Room for n_new
             # tokens made each batch's buffers ~4x the prompts' keys/values; allocating and first touching
             # that memory cost more than copying the prompts in: 55 against 12 ms for 30 prompts.)
-            cache = _decode_cache([[(k[:, :, :m], v[:, :, :m]) for k, v in kv] for (_, kv, *_), m in
-                                   zip(pre, lengths, strict=True)], lengths, width + min(n_new, DECODE_ROOM),
-                                  self._arena)
+            cache = decode_cache([[(k[:, :, :m], v[:, :, :m]) for k, v in kv] for (_, kv, *_), m in
+                                  zip(pre, lengths, strict=True)], lengths, width + min(n_new, DECODE_ROOM),
+                                 self._arena)
             # (B, V) raw logits of each row's current position, and the position of its next token
             logits = torch.stack([lg[a] for (lg, *_), a in zip(pre, taken, strict=True)])
             positions = torch.tensor([m + d for (_, _, _, d, _, _), m in zip(pre, lengths, strict=True)],
@@ -693,7 +419,7 @@ class HFBackend:
         return results
 
     @staticmethod
-    def _accept(logits: Any, drafts: list[list[int]], rows: Any, lp_temps: Any, sampler: _Sampler, ended: list[bool],
+    def _accept(logits: Any, drafts: list[list[int]], rows: Any, lp_temps: Any, sampler: Sampler, ended: list[bool],
                 push: Callable[[int, int, float], bool]) -> list[int]:
         """Check each row's guessed tokens against the greedy choice at each position of a speculative forward
         (``logits``: (R, q, V), or R tensors (q_j, V)); push the agreeing prefix to the row's item (up to its
@@ -751,18 +477,3 @@ class HFBackend:
         logits, full, _ = self._forward_logits(request, [])
         lps = token_logprobs(logits[:-1], full[1:], temperature).tolist()
         return full.tolist(), [None, *lps]
-
-
-def render_prompt(processor: Any, request: ChatRequest) -> str:
-    """The prompt text of a request through the chat template of ``processor`` (a multimodal processor:
-    image parts become the model's image tokens) or of a bare tokenizer (text only)."""
-    if hasattr(processor, "image_processor"):
-        messages = request.parts_messages()
-    else:
-        messages = [{**m, "content": text_content(m["content"])} for m in request.messages]
-    return processor.apply_chat_template(
-        messages,
-        tokenize=False,
-        add_generation_prompt=request.add_generation_prompt,
-        continue_final_message=request.continue_final_message,
-    )

@@ -15,7 +15,7 @@ token ids and no ``score``):
   is filled (without it the ids are left empty; logprobs are still there);
 - ``prompt_logprobs``, ``add_generation_prompt``, ``continue_final_message`` — for :meth:`score`.
 - which logprobs: vLLM returns ``log_softmax(logits / T)`` (this project's definition, see
-  :mod:`mobilerl.models.generation`) only with ``--logprobs-mode processed_logprobs`` and ``top_p = 1``;
+  :mod:`mobilerl.models.logprobs`) only with ``--logprobs-mode processed_logprobs`` and ``top_p = 1``;
   its default ``raw_logprobs`` is T-free (the same at T = 1). ``serve_openai`` always returns the
   project's definition.
 

@@ -11,7 +11,7 @@ URLs are refused: nothing is fetched), ``temperature``, ``top_p``, ``max_tokens`
 ``max_completion_tokens``, ``seed``, ``stop``, ``n``, ``logprobs``, ``top_logprobs`` (0 only), and vLLM's
 extensions ``prompt_logprobs`` (only the prompt token's own logprob is returned, whatever k),
 ``add_generation_prompt``, ``continue_final_message``, ``return_tokens_as_token_ids``. Logprobs follow
-:mod:`mobilerl.models.generation` (``log_softmax(logits / T)``); prompt logprobs are at T = 1, like vLLM's.
+:mod:`mobilerl.models.logprobs` (``log_softmax(logits / T)``); prompt logprobs are at T = 1, like vLLM's.
 Choice ``i`` of a request with ``n > 1`` uses seed ``seed + i``. Concurrent requests reach the backend
 concurrently, so the HF backend's micro-batcher batches them.
 """

@@ -1,7 +1,7 @@
 """The project's own tokenizer for the tiny profile: byte-level BPE trained on simulator text.
 
 No download: it is trained (seconds) on a corpus of rendered screens, instructions, questions and
-actions from ``train``-split states (:func:`mobilerl.models.pretrain_data.corpus_texts`).
+actions from ``train``-split states (:func:`mobilerl.tinybase.data.corpus_texts`).
 
 Pre-tokenization is where most of the learnability comes from (see ``docs/tiny_base.md``):
 

@@ -3,14 +3,14 @@ module imports everywhere; constructing :class:`VLLMBackend` needs vLLM and a CU
 
     backend = VLLMBackend("/models/Qwen2.5-VL-7B-Instruct", tensor_parallel_size=1, max_model_len=20480)
 
-Prompts are rendered with the model's own chat template (:func:`mobilerl.models.hf_backend.render_prompt`,
+Prompts are rendered with the model's own chat template (:func:`mobilerl.models.generation.render_prompt`,
 the HF processor when it loads, else vLLM's tokenizer) and sent to ``vllm.LLM.generate`` with the images as
 ``multi_modal_data``. Concurrent callers are gathered by the same micro-batcher as the HF backend into one
 ``LLM.generate`` call (vLLM then schedules them with continuous batching), run in a worker thread.
 
 Logprobs: the engine runs with ``logprobs_mode="processed_logprobs"`` and ``SamplingParams(logprobs=0)``,
 which is ``log_softmax(logits / T)`` of the sampled token — the project's definition
-(:mod:`mobilerl.models.generation`) — when ``top_p == 1``; with ``top_p < 1`` vLLM renormalises over the
+(:mod:`mobilerl.models.logprobs`) — when ``top_p == 1``; with ``top_p < 1`` vLLM renormalises over the
 nucleus (a known difference, logged once). ``score`` uses ``prompt_logprobs=0`` on prompt + completion
 token ids (``TokensPrompt`` with ``multi_modal_data``; vLLM expands the image placeholders); vLLM's prompt
 logprobs are at T = 1, so only ``temperature=1`` can be scored. Per-request ``seed`` makes sampling
@@ -33,6 +33,7 @@ from mobilerl.models.generation import (
     GenerationError,
     MicroBatcher,
     SamplingConfig,
+    render_prompt,
 )
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,6 @@ class VLLMBackend:
         return self._batcher.stats
 
     def _prompt(self, request: ChatRequest) -> dict[str, Any]:
-        from mobilerl.models.hf_backend import render_prompt
-
         p: dict[str, Any] = {"prompt": render_prompt(self.processor, request)}
         if request.images:
             p["multi_modal_data"] = {"image": list(request.images)}
@@ -178,8 +177,6 @@ class VLLMBackend:
         return await self._batcher.generate(requests, sampling, self._rng)
 
     def _score_sync(self, request: ChatRequest, completion: str | Sequence[int]) -> list[float]:
-        from mobilerl.models.hf_backend import render_prompt
-
         if isinstance(completion, str):
             tail = [*self.tokenizer.encode(completion, add_special_tokens=False), self.eos_id]
         else:

@@ -45,6 +45,7 @@ from mobilerl.agent.prompt import (
     PROMPT_STYLES,
     build_messages,
     mark_of,
+    quote_label,
     render_response,
     sharegpt_record,
 )
@@ -53,7 +54,6 @@ from mobilerl.data.step_instructions import element_label, element_name
 from mobilerl.env import actions as A
 from mobilerl.env.actions import Action, ActionParseError, parse_action
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig, text_content
-from mobilerl.models.pretrain_data import quote_label
 
 
 # ------------------------------------------------------------------------------------------- matching

@@ -18,7 +18,6 @@ Semantics (chosen to match AndroidWorld / AndroidLab behaviour closely enough fo
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -28,14 +27,11 @@ from PIL import Image
 from mobilerl.env import actions as A
 from mobilerl.env.sim import content, ui
 from mobilerl.env.sim.ui import Button, Dialog, IconButton, Node, Page
+from mobilerl.seeding import sim_seed
 
 LAUNCHER_PKG = "com.google.android.apps.nexuslauncher"
 SYSTEMUI_PKG = "com.android.systemui"
 SWIPE_PX = {"short": 500, "medium": 1000, "long": 1500}
-
-
-def stable_seed(*parts: object) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -144,7 +140,7 @@ class App:
         """List order as shown: natural order, or a seeded shuffle under the shuffle perturbation."""
         if self.device.perturb.shuffle:
             items = list(items)
-            random.Random(stable_seed(self.device.seed, self.name, "shuffle")).shuffle(items)
+            random.Random(sim_seed(self.device.seed, self.name, "shuffle")).shuffle(items)
         return items
 
 
@@ -184,12 +180,12 @@ class Device:
 
         self.seed = seed
         self.perturb = perturb or Perturb()
-        self.rng = random.Random(stable_seed(seed, "device"))
+        self.rng = random.Random(sim_seed(seed, "device"))
         self.now = datetime(2023, 10, 15, 9, 0) + timedelta(minutes=self.rng.randrange(0, 600))
         self.battery = self.rng.randrange(35, 100)
         self.apps: dict[str, App] = {}
         for cls in apps or APP_CLASSES:
-            self.apps[cls.name] = cls(self, random.Random(stable_seed(seed, cls.name)))
+            self.apps[cls.name] = cls(self, random.Random(sim_seed(seed, cls.name)))
         self.foreground: str | None = None  # None = launcher
         self.overlay: Dialog | None = None
         self.loading = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from mobilerl.env.sim.device import App, PageState, stable_seed
+from mobilerl.env.sim.device import App, PageState
 from mobilerl.env.sim.ui import (
     Button,
     Buttons,
@@ -28,6 +28,7 @@ from mobilerl.env.sim.ui import (
     Text,
     virtualize,
 )
+from mobilerl.seeding import sim_seed
 
 THIRD_PARTY = (
     ("Airbnb", "com.airbnb.android"), ("Audible", "com.audible.application"), ("Booking.com", "com.booking"),
@@ -172,7 +173,7 @@ class Settings(App):
         e = self._simulated.get(name)
         if e is None:
             app = self.device.apps[name]
-            e = _entry(random.Random(stable_seed(self.device.seed, "settings-app", name)), name, app.package,
+            e = _entry(random.Random(sim_seed(self.device.seed, "settings-app", name)), name, app.package,
                        system=True, simulated=True)
             e.notifications = True
             self._simulated[name] = e

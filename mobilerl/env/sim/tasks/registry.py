@@ -15,8 +15,9 @@ import random
 from functools import cache, lru_cache
 
 from mobilerl.env.base import TaskSpec
-from mobilerl.env.sim.device import Device, Perturb, stable_seed
+from mobilerl.env.sim.device import Device, Perturb
 from mobilerl.env.sim.tasks.base import Template
+from mobilerl.seeding import sim_seed
 
 SUITES = ("world", "lab")
 SPLITS = ("train", "test")
@@ -64,7 +65,7 @@ def n_instances(t: Template, split: str) -> int:
 
 def _draw(t: Template, seed: int) -> tuple[dict, str]:
     dev = Device(seed=seed, perturb=Perturb())
-    params = t.sample(random.Random(stable_seed(seed, "params")), dev)
+    params = t.sample(random.Random(sim_seed(seed, "params")), dev)
     return params, t.instruction(params)
 
 
@@ -76,7 +77,7 @@ def param_canaries(task: TaskSpec) -> dict[str, str]:
     t = template(task.suite, task.template)
     with content.recording() as rec:
         dev = Device(seed=task.seed, perturb=Perturb())
-        t.sample(random.Random(stable_seed(task.seed, "params")), dev)
+        t.sample(random.Random(sim_seed(task.seed, "params")), dev)
     return rec
 
 
@@ -87,7 +88,7 @@ def _test_instructions(suite: str, name: str) -> frozenset[str]:
 
 
 def _seed(t: Template, split: str, index: int, attempt: int) -> int:
-    return stable_seed(t.suite, t.name, split, index, attempt)
+    return sim_seed(t.suite, t.name, split, index, attempt)
 
 
 @lru_cache(maxsize=8192)

@@ -1,9 +1,9 @@
-"""Held-out screen-reading probe for the tiny base: grounding, reading, state questions, span copy.
+"""Held-out screen-reading probe for the tiny base: grounding, reading, state questions, span copy, next action.
 
-Protocol: probe screens come from the simulator's ``test`` split (:func:`held_out_states`), whose device
-seeds and instructions are disjoint from the ``train`` split that pretraining draws from (the registry
-redraws train instances whose instruction equals a test one). Each probe item is **one** question about
-a **full** screen, in the same chat format as training (``Task/Screen`` user turn, answer turn).
+Protocol: probe screens come from the simulator's ``test`` split
+(:func:`mobilerl.tinybase.screens.held_out_states`), whose device seeds and instructions are disjoint from the
+``train`` split that pretraining draws from (the registry redraws train instances whose instruction equals a
+test one). Each probe item is **one** question about a full screen, in the chat format of training.
 
 Scoring: an item is correct iff the model's answer equals the target string exactly (``ground``: the
 same element's box on the 0-999 grid, or its index; ``read``: the same text; ``type``: the same
@@ -18,7 +18,7 @@ same element's box on the 0-999 grid, or its index; ``read``: the same text; ``t
 Acceptance figures (``scripts/probe_tiny_base.py``): ``ground`` = grounding exact element, ``read`` =
 reading, ``copy`` = instruction-span copy (``type after "<words>"`` → the ``Type`` action with the span of
 the instruction that follows those words; only spans that end at a punctuation mark, a quote or the end of
-the instruction, :func:`~mobilerl.models.pretrain_data.well_posed_span`, since the question cannot say where
+the instruction, :func:`~mobilerl.tinybase.data.well_posed_span`, since the question cannot say where
 any other span stops). ``type`` (the Type action on a screen where the expert types
 a span of the instruction, with no cue) is reported beside them.
 """
@@ -31,23 +31,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mobilerl.models.pretrain_data import (
-    ACT_QUESTION,
-    ALL_KINDS,
-    KINDS,
+from mobilerl.tinybase.data import (
     QA,
-    DataConfig,
     Example,
-    ScreenState,
     chat_text,
     encode,
+    instruction_spans,
     make_qas,
-    mark_action,
     question_turn,
-    render_screen,
     system_message,
+    typed_texts,
+    well_posed_span,
     wrap_answer,
 )
+from mobilerl.tinybase.recipe import ALL_KINDS, KINDS, DataConfig
+from mobilerl.tinybase.screens import ScreenState, render_screen
 
 ACCEPTANCE = {"ground": 0.90, "read": 0.90, "copy": 0.95}
 
@@ -59,36 +57,19 @@ class ProbeItem:
     state_index: int
 
 
-def held_out_states(
-    n_per_template: int | None = 3, seed: int = 1, explore: float = 0.5, render: float = 0.0, workers: int = 1,
-) -> list[ScreenState]:
-    """Screens from ``test``-split tasks (never used in training)."""
-    from mobilerl.models.pretrain_data import collect_states
-
-    return collect_states(split="test", n_per_template=n_per_template, explore=explore, seed=seed, render=render,
-                          workers=workers)
-
-
 def _ask(st: ScreenState, screen: str, qa: QA, cfg: DataConfig) -> list[dict[str, str]]:
-    """One probe question as messages: the system prompt where the profile's sequences may have one, then
+    """One probe question as messages: the system prompt where the recipe's sequences may have one, then
     the user turn (:func:`question_turn`)."""
-    system = [system_message(cfg)] if cfg.prompt == "policy" and cfg.system_prob > 0 else []
+    system = [system_message(cfg)] if cfg.system_prob > 0 else []
     return [*system, {"role": "user", "content": question_turn(st, screen, qa, cfg)}]
 
 
 def build_items(
     states: Sequence[ScreenState], cfg: DataConfig, n_per_kind: int = 200, seed: int = 0,
-    kinds: Sequence[str] = KINDS, max_lines: int = 0,
+    kinds: Sequence[str] = KINDS,
 ) -> list[ProbeItem]:
-    """Up to ``n_per_kind`` single-question items per kind, each on a different screen where possible.
-
-    ``max_lines > 0`` asks about a random window of at most that many consecutive lines instead of the
-    full screen (to watch the mechanism form before the curriculum reaches full screens).
-    """
-    from mobilerl.models.pretrain_data import instruction_spans, typed_texts, well_posed_span
-
+    """Up to ``n_per_kind`` single-question items per kind, each on a different screen where possible."""
     rng = random.Random(seed)
-    numbered = cfg.numbered_lines
     typed = typed_texts(states)
     by_kind: dict[str, list[ProbeItem]] = defaultdict(list)
     order = list(range(len(states)))
@@ -97,14 +78,8 @@ def build_items(
         st = states[si]
         if not st.nodes:
             continue
-        nodes = st.nodes
-        if 0 < max_lines < len(nodes):
-            start = rng.randrange(len(nodes) - max_lines + 1)
-            nodes = nodes[start : start + max_lines]
-        full = len(nodes) == len(st.nodes)
         spans = instruction_spans(st.instruction, typed.get(st.task_id, ()))
-        qas = make_qas(st, nodes, rng, cfg.coords, cfg.grounding, full, {k: 1.0 for k in ALL_KINDS}, n=64,
-                       spans=spans)
+        qas = make_qas(st, rng, cfg.coords, "bbox", {k: 1.0 for k in ALL_KINDS}, n=64, spans=spans)
         seen: set[str] = set()
         screen = None
         for qa in qas:
@@ -114,8 +89,8 @@ def build_items(
                 continue  # the question cannot say where the span ends (the items of the other kinds stay)
             seen.add(qa.kind)
             if screen is None:
-                screen = render_screen(nodes, st.width, st.height, cfg.coords, numbered)
-            msgs = [*_ask(st, screen, qa, cfg), {"role": "assistant", "content": wrap_answer(qa, cfg)}]
+                screen = render_screen(st.nodes, st.width, st.height, cfg.coords)
+            msgs = [*_ask(st, screen, qa, cfg), {"role": "assistant", "content": wrap_answer(qa)}]
             by_kind[qa.kind].append(ProbeItem(qa.kind, Example(msgs, [qa.kind]), si))
         if all(len(by_kind[k]) >= n_per_kind for k in kinds):
             break
@@ -125,7 +100,7 @@ def build_items(
 def release_items(states: Sequence[ScreenState], cfg: DataConfig, n_per_kind: int = 200,
                   seed: int = 12345) -> list[ProbeItem]:
     """The release probe's items: every screen-reading kind, plus the expert's next action (``act``)
-    when the profile trains it."""
+    when the recipe trains it."""
     kinds = (*KINDS, "act") if cfg.weights.get("act", 0) > 0 else KINDS
     return build_items(states, cfg, n_per_kind=n_per_kind, seed=seed, kinds=kinds)
 
@@ -224,81 +199,3 @@ def score_generate(
     acc.update({f"{k}_center_hit": center[k] / total[k] for k in center})
     acc.update({f"n_{k}": total[k] for k in total})
     return acc, rows
-
-
-def rollout_success(
-    model: Any, processor: Any, task_ids: Sequence[str], cfg: DataConfig, batch_size: int = 16,
-    max_new_tokens: int = 48, perturb: str = "default",
-) -> dict[str, Any]:
-    """Closed-loop episodes with greedy actions (the ``act`` question on the current full screen).
-
-    For the SFT counterfactual (``act`` kind). Episodes run in lockstep so generation is batched. The
-    answer is mapped back to the env's pixels (grid → pixels, ``index=i`` → the line's box); a response
-    that does not parse is an invalid step (counted in the budget, env not stepped).
-    """
-    import torch
-
-    from mobilerl.env import actions as A
-    from mobilerl.env.sim import SimEnv
-    from mobilerl.env.sim.tasks.registry import get_task
-    from mobilerl.env.xml import compress_nodes
-    from mobilerl.models.pretrain_data import resolve_index_action
-
-    tok = processor.tokenizer
-    numbered = cfg.numbered_lines
-    results: dict[str, bool] = {}
-    steps: dict[str, int] = {}
-    model.eval()
-    old_side = tok.padding_side
-    tok.padding_side = "left"
-    try:
-        for chunk in _batches(list(task_ids), batch_size):
-            envs = {}
-            for tid in chunk:
-                env = SimEnv(render=False, perturb=perturb)
-                env.reset(get_task(tid, with_optimal=False))
-                envs[tid] = env
-            used = dict.fromkeys(chunk, 0)
-            history: dict[str, list[str]] = {tid: [] for tid in chunk}
-            marks: dict[str, list[str]] = {tid: [] for tid in chunk}  # the same actions in the marks frame
-            live = list(chunk)
-            while live:
-                prompts, nodes_of = [], {}
-                for tid in live:
-                    env = envs[tid]
-                    obs = env._observe()
-                    nodes = compress_nodes(obs.xml, width=obs.width, height=obs.height)
-                    nodes_of[tid] = nodes
-                    st = ScreenState(tid, env.task.instruction, obs.app, obs.width, obs.height, tuple(nodes),
-                                     history=tuple(history[tid]), history_marks=tuple(marks[tid]))
-                    screen = render_screen(nodes, obs.width, obs.height, cfg.coords, numbered)
-                    msgs = _ask(st, screen, QA("act", ACT_QUESTION, ""), cfg)
-                    prompts.append(chat_text(msgs) + "<|im_start|>assistant\n")
-                enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-                with torch.no_grad():
-                    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-                texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-                still = []
-                for tid, text in zip(live, texts, strict=True):
-                    env = envs[tid]
-                    used[tid] += 1
-                    try:
-                        act = A.parse_action(resolve_index_action(text.strip(), nodes_of[tid]))
-                        if act.element is not None and cfg.coords == "rel" and "index=" not in text:
-                            act = A.convert_action(act, env.device.width, env.device.height, "absolute")
-                        done = env.step(act).done
-                        history[tid].append(A.format_action(act))
-                        marks[tid].append(mark_action(act, nodes_of[tid]))
-                    except A.ActionParseError:
-                        done = used[tid] >= env.task.max_steps
-                    if done or used[tid] >= env.task.max_steps:
-                        results[tid] = bool(env.device.finished and env.tmpl.check(env.device, env.task.params))
-                        steps[tid] = used[tid]
-                    else:
-                        still.append(tid)
-                live = still
-    finally:
-        tok.padding_side = old_side
-    n = len(results)
-    return {"success_rate": sum(results.values()) / max(1, n), "episodes": n,
-            "mean_steps": sum(steps.values()) / max(1, n), "per_task": results}

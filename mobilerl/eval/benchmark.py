@@ -1,0 +1,89 @@
+"""The `evaluate` stage: every policy × every benchmark, all episodes concurrent through the env pool.
+
+Policies are named in the config: ``oracle`` and ``random`` are the baselines, any other name is a checkpoint
+(:mod:`mobilerl.eval.checkpoints`). Each (policy, suite) keeps its trajectories in
+``<policy>__<suite>.jsonl`` and its summary in a nested MLflow run.
+
+pass@k for k > 1 needs k sampled trials of every task. The main evaluation is greedy with one trial (pass@1),
+so :func:`pass_k_study` samples the ``pass_k`` checkpoints ``n_trials`` times at ``temperature`` on
+``max_tasks`` tasks of each of its suites (``<name>__<suite>__sampled.jsonl``). The checkpoints, and the random
+baseline as the floor of that table, are also scored offline step by step (:mod:`mobilerl.eval.offline`; the
+oracle is not: the steps are its own).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mobilerl import tracking
+from mobilerl.env.base import TaskSpec
+from mobilerl.eval.checkpoints import checkpoint_policy, make_policy_factory, policy_tasks, run_checkpoint
+from mobilerl.eval.config import EvaluateConfig
+from mobilerl.eval.metrics import summarize
+from mobilerl.eval.offline import evaluate_offline, offline_episodes
+from mobilerl.eval.runner import evaluate_sync, sim_template_texts
+from mobilerl.tasks import load_tasks, spread
+
+
+def evaluate_policies(cfg: EvaluateConfig, out_dir: Path) -> tuple[dict, dict, dict]:
+    """The whole `evaluate` stage (inside its MLflow run): every policy on every suite, trajectories kept in
+    ``out_dir``; returns the summaries ``{policy: {suite: summary}}``, the offline step metrics
+    ``{policy: metrics}`` and the pass@k study's summaries."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tasks_by_suite = {suite: load_tasks(suite, cfg.split, cfg.max_per_template) for suite in cfg.suites}
+    summary: dict[str, dict] = {}
+    offline: dict[str, dict] = {}
+    episodes = (offline_episodes(cfg) if cfg.offline_per_template and any(n in cfg.checkpoints for n in cfg.policies)
+                else [])
+    for name in cfg.policies:
+        factory, concurrency = make_policy_factory(name, cfg)
+        for suite, tasks in tasks_by_suite.items():
+            summary.setdefault(name, {})[suite] = run_policy(
+                name, factory, concurrency, policy_tasks(name, tasks, cfg), cfg, f"{name}/{suite}",
+                out_dir / f"{name}__{suite}.jsonl")
+        if (name in cfg.checkpoints or name == "random") and episodes:  # the same policy, step by step
+            offline[name] = evaluate_offline(name, factory(cfg.seed), episodes, cfg)
+    sampled = pass_k_study(cfg, tasks_by_suite, out_dir)
+    return summary, offline, sampled
+
+
+def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks: list[TaskSpec], cfg: EvaluateConfig,
+               run_name: str, out_path: Path) -> dict[str, Any]:
+    """``name``'s episodes on ``tasks`` (``cfg.n_trials`` each, at ``cfg.temperature``), kept in ``out_path`` and
+    summarised into a nested MLflow run ``run_name``; the summary carries that run's id."""
+    suite = tasks[0].suite if tasks else ""
+    with tracking.child_run(run_name, "evaluate", policy=name, suite=suite) as run:
+        t0 = time.perf_counter()
+        if name in cfg.checkpoints and cfg.model_processes > 1:
+            trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
+        else:
+            trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
+                                  perturb=cfg.perturb, base_seed=cfg.seed, progress=False, out_path=out_path)
+        wall = time.perf_counter() - t0
+        s = summarize(trajs, template_texts=sim_template_texts(tasks))
+        s |= {"wall_s": wall, "n_tasks": len(tasks), "n_trials": cfg.n_trials, "temperature": cfg.temperature}
+        tracking.log_metrics(s)
+        s["mlflow_run_id"] = run.info.run_id
+    print(f"evaluate: {run_name} ({cfg.split} split): success {s['eval/success_rate']:.3f} over {len(trajs)} "
+          f"episodes in {wall:.1f}s")
+    return s
+
+
+def pass_k_study(cfg: EvaluateConfig, tasks_by_suite: dict[str, list[TaskSpec]], out_dir: Path) -> dict[str, dict]:
+    """``evaluate.pass_k``: each listed checkpoint sampled ``n_trials`` times at ``temperature`` on ``max_tasks``
+    tasks of each suite (spread over the templates), trajectories kept in ``out_dir``; ``{policy: {suite: summary}}``
+    (pass@k for k ≤ n_trials)."""
+    study = cfg.model_copy(update={"n_trials": cfg.pass_k.n_trials, "temperature": cfg.pass_k.temperature})
+    out: dict[str, dict] = {}
+    for name in cfg.pass_k.policies:
+        factory = None if cfg.model_processes > 1 else checkpoint_policy(name, cfg.checkpoints[name], study).with_seed
+        for suite in cfg.pass_k.suites:
+            tasks = spread(tasks_by_suite.get(suite) or load_tasks(suite, cfg.split, cfg.max_per_template),
+                           cfg.pass_k.max_tasks)
+            out.setdefault(name, {})[suite] = run_policy(
+                name, factory, study.model_concurrency, tasks, study, f"{name}/{suite}/sampled",
+                out_dir / f"{name}__{suite}__sampled.jsonl")
+    return out
