@@ -1,35 +1,14 @@
-"""How long one evaluation of a tiny policy over world/test (n = 1) takes, and what the tiny profile's
-generation settings buy over the old ones (issue 6: ≤ 5 minutes on this machine).
+"""Time one evaluation of a tiny policy over world/test (n = 1), and the tiny profile's generation settings
+against the old ones (issue 6).
 
-    .venv/bin/python scripts/bench_eval.py --eval-max-new-tokens 24 --out bench.json     # all three parts
-    .venv/bin/python scripts/bench_eval.py --skip-old --max-history 4                    # a format variant
-    .venv/bin/python scripts/bench_eval.py --ckpt data/checkpoints/sft_reasoning_free --skip-eval
-    .venv/bin/python scripts/bench_eval.py --full sft_reasoning_free                     # the acceptance figure
-    python3 scripts/bench_eval.py --ckpt CKPT --dtypes cpu:fp32,cuda:fp32,cuda:bf16      # on a GPU (gpu_check.sh)
+    .venv/bin/python scripts/bench_eval.py --eval-max-new-tokens 24 --out bench.json   # all three parts
+    .venv/bin/python scripts/bench_eval.py --full sft_reasoning_free                   # the acceptance figure
+    python3 scripts/bench_eval.py --ckpt CKPT --dtypes cpu:fp32,cuda:fp32,cuda:bf16    # on a GPU
 
-1. **Prompts**: the oracle runs every ``--every``-th world/test task; each step's context (task, screen,
-   history of ``<answer>…</answer>`` responses) is kept: the prompts a policy that solves the tasks sees.
-2. **Generation**: the same ``--requests`` contexts through the HF backend under the ``old`` settings
-   (micro-batch 16, full system prompt, whole history, pixel coordinates) and the ``new`` ones (the tiny
-   profile's ``generation:`` block), and the ``new`` ones once more without the lean text prefill
-   (``fast_prefill=False``: every prompt through the transformers forward), every response forced to ``--answer-tokens`` tokens (a random-init model almost
-   never ends a response: a trained one ends after ~15-30). Figures: actions/s (wall and CPU) and the
-   projected time of world/test at its optimal step count (a policy that solves everything) and at its
-   full step budget (a policy that never finishes), new/old and lean/transformers prefill. ``*_cpu_s`` figures are CPU seconds of
-   this process: its wall time on an otherwise idle core (the wall figures are only that on an idle
-   machine).
-3. **Evaluation**: a real ``evaluate`` of the checkpoint with the profile's settings over the same task
-   subset (an untrained model: every step invalid, every episode runs its whole budget, every response
-   ``max_new_tokens`` long — the worst case; ``--eval-max-new-tokens 24`` makes the responses a trained
-   model's length), projected to all of world/test by step budget.
-
-``--full NAME`` instead times the acceptance measurement itself: the checkpoint policy ``NAME`` of
-``params.yaml``'s ``evaluate`` section, built exactly as the ``evaluate`` stage builds it (profile backend,
-prompt format, temperature, perturbation, ``model_concurrency``, ``model_processes``), over **all** of
-world/test with n = 1 (``--processes``, ``--concurrency`` to compare other settings).
-
-Without ``--ckpt`` a random-init checkpoint of the shipped base's shape (hidden 128, 3 layers, 4 heads,
-vocab 4096, tokenizer trained on the collected prompts) is built under ``--build-dir`` (cached).
+Parts: the oracle's prompts on every ``--every``-th task; those prompts through the HF backend, old and new
+settings, responses forced to ``--answer-tokens``; a real ``evaluate``, projected to all of world/test.
+``--full NAME`` times the ``evaluate`` stage's policy ``NAME`` on all of world/test. Without ``--ckpt`` a
+random-init checkpoint of the base's shape is built (cached). Figures: docs/evaluation.md.
 """
 
 from __future__ import annotations

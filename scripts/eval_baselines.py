@@ -16,7 +16,8 @@ from pathlib import Path
 
 from mobilerl.agent import NoisyPolicy, OraclePolicy, RandomPolicy
 from mobilerl.env.sim.tasks import list_tasks
-from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
+from mobilerl.eval.metrics import summarize
+from mobilerl.eval.runner import evaluate_sync, sim_template_texts
 
 POLICIES = {"oracle": lambda seed: OraclePolicy(), "random": lambda seed: RandomPolicy(seed)}
 

@@ -1,23 +1,12 @@
 """Does a model of the tiny base's shape learn to copy and to look things up, in isolation, on this CPU?
 
-    .venv/bin/python scripts/synthetic_recall.py repeat --minutes 5           # span SEP span
-    .venv/bin/python scripts/synthetic_recall.py recall --minutes 10          # key -> span lookup
-    .venv/bin/python scripts/synthetic_recall.py recall --filler 500 --gap 0 --vocab 256
-    .venv/bin/python scripts/synthetic_recall.py recall --attn-sup 0.1 --readout 0.1   # with head supervision
+    .venv/bin/python scripts/synthetic_recall.py repeat --minutes 5    # BOS span SEP span: position suffices
+    .venv/bin/python scripts/synthetic_recall.py recall --minutes 10   # key -> span pairs: lookup by content
 
-The pretraining's span-copy question (``type after "titled"`` → the words after the cue in the instruction)
-needs a content-addressed lookup: find the cue, copy what follows it. This script separates that skill
-from the screens, with random token ids, a Qwen2 decoder of the tiny base's shape (hidden 128, 3 layers,
-MLP 384, 4 heads unless ``--heads``) and AdamW:
-
-- ``repeat``: ``BOS span SEP span`` (a span of ``--span`` random tokens), loss on the repeat. The source
-  of every copied token sits at a fixed distance, so a positional head can solve it.
-- ``recall``: ``BOS (key span .) × 8``, ``--filler`` random tokens, then 4 questions ``? key [=] span .``
-  (spans of 3-6 tokens, ``--gap 1`` puts ``=`` between the key and the answer as the real question puts
-  boilerplate there), loss on the answers. Only a lookup by content solves it.
-
-It prints the teacher-forced token accuracy of the supervised tokens every 25 steps and stops at 98% or
-after ``--minutes``. Measured figures are in experiments/tiny_base/HISTORY.md.
+The pretraining's span-copy question needs a content-addressed lookup (find the cue, copy what follows). This
+tests that skill apart from the screens: random token ids, a Qwen2 decoder of the tiny base's shape, AdamW. It
+prints the teacher-forced accuracy of the supervised tokens every 25 steps and stops at 98 % or after
+``--minutes``. Measured figures: experiments/tiny_base/HISTORY.md.
 """
 
 from __future__ import annotations

@@ -237,8 +237,8 @@ def test_our_expert_trajectories_are_step_data_and_grid_policies_are_judged_in_p
     from mobilerl.agent.model_policy import ModelPolicy
     from mobilerl.agent.prompt import in_frame, render_response
     from mobilerl.env.sim.tasks import get_task
-    from mobilerl.eval import evaluate_sync
     from mobilerl.eval.androidcontrol import from_trajectory
+    from mobilerl.eval.runner import evaluate_sync
     from mobilerl.models.generation import Generation, SamplingConfig
 
     [traj] = evaluate_sync(lambda seed: OraclePolicy(), [get_task("world/test/ContactsAddContact/0")],
@@ -277,8 +277,8 @@ def test_a_marks_frame_policy_is_judged_on_the_box_of_the_line_it_names():
     from mobilerl.agent.model_policy import ModelPolicy
     from mobilerl.agent.prompt import in_frame, render_response
     from mobilerl.env.sim.tasks import get_task
-    from mobilerl.eval import evaluate_sync
     from mobilerl.eval.androidcontrol import from_trajectory
+    from mobilerl.eval.runner import evaluate_sync
     from mobilerl.models.generation import Generation, SamplingConfig
 
     [traj] = evaluate_sync(lambda seed: OraclePolicy(), [get_task("world/test/ContactsAddContact/0")],

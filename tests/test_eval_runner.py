@@ -15,7 +15,8 @@ from mobilerl.env.base import EnvCrashed, TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.env.sim.tasks import get_task, templates
 from mobilerl.env.sim.tasks.registry import n_instances
-from mobilerl.eval import evaluate_sync, sim_template_texts, summarize
+from mobilerl.eval.metrics import summarize
+from mobilerl.eval.runner import evaluate_sync, sim_template_texts
 from mobilerl.trajectory import read_jsonl
 
 TAP = format_action(Action("Tap", element=BUTTON))

@@ -13,9 +13,9 @@ from mobilerl.agent import prompt
 from mobilerl.agent.model_policy import ModelPolicy
 from mobilerl.config import ParamsError, load_params
 from mobilerl.env.sim.tasks import get_task
-from mobilerl.eval import evaluate_sync
 from mobilerl.eval.checkpoints import make_policy_factory, policy_tasks
 from mobilerl.eval.config import EvaluateConfig, check_policies
+from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.hf_backend import HFBackend
 from mobilerl.models.profiles import load_profile
 

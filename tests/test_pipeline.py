@@ -138,3 +138,20 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_every_stage_config_field_has_a_description():
+    """One sentence a knob lives in its typed config (params.yaml keeps at most a line of why)."""
+    import importlib
+
+    for stage in (ROOT / "stages").glob("[a-z]*.py"):
+        importlib.import_module(f"stages.{stage.stem}")
+
+    def subclasses(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from subclasses(s)
+
+    missing = [f"{c.__module__}.{c.__name__}.{k}" for c in subclasses(StageConfig)
+               for k, f in c.model_fields.items() if not f.description]
+    assert not missing, f"fields without a description: {missing}"

@@ -9,7 +9,7 @@ import pytest
 from mobilerl.agent import OraclePolicy
 from mobilerl.env.actions import Action, parse_action
 from mobilerl.env.sim.tasks import get_task
-from mobilerl.eval import evaluate_sync
+from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.generation import ChatRequest, Generation, SamplingConfig
 from mobilerl.sft.reasoning import (
     PromptFormat,

@@ -1,27 +1,13 @@
-"""A policy backed by a generation backend: the step's chat from :mod:`mobilerl.agent.prompt`, one sampled
-response, its token ids and their logprobs (what RL's importance ratios need).
+"""A policy backed by a generation backend: one sampled response per step, with its token ids and
+logprobs (what RL's importance ratios need); the step's chat comes from :mod:`mobilerl.agent.prompt`.
 
-    backend = make_backend({"kind": "hf", "model": "models/tiny-base"})
-    policy = ModelPolicy(backend, obs_mode="xml", sampling=SamplingConfig(temperature=1.0, seed=0))
-    trajs = evaluate_sync(policy.with_seed, list_tasks("world", "test"), concurrency=16)
+Nothing here batches or blocks: episodes run concurrently and each awaits ``backend.generate``, so the
+backend (the HF micro-batcher, a vLLM server's scheduler) forms the batches.
 
-Episodes run concurrently and each awaits ``backend.generate`` for its step, so batching happens in the
-backend: the HF backend's micro-batcher (and a vLLM server's scheduler) turns N episodes in flight into
-batches of up to N. Nothing here batches or blocks.
-
-Greedy reuse: at ``temperature=0`` a response depends on its prompt alone, so a policy answers a prompt it
-has already answered in the same episode (an agent stuck on one screen repeating one action) from memory
-instead of generating again: the same text, token ids and logprobs, no model call. The env is still stepped;
-the trajectory is the one the model would have produced. Screenshot modes are always generated. The prompt
-must repeat exactly, history included: the prompt module numbers a history window of the last
-``max_history`` responses within the window, so once an agent has repeated one action ``max_history`` times
-on a screen that does not change, every further step is the same prompt (on the simulator, until its
-status-bar clock turns a minute). With the whole history shown (``max_history=None``) no two prompts of an
-episode are equal.
-
-Seeds: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
-``stable_seed(sampling.seed, e, t)``, so an episode's responses do not depend on which other episodes
-share its batches or in which order they arrive; ``seed=None`` samples fresh randomness.
+Contracts: with ``sampling.seed`` set, step ``t`` of episode ``e`` is sampled with
+``stable_seed(sampling.seed, e, t)``, so a response does not depend on its batch mates or their order
+(``seed=None``: fresh randomness). At ``temperature=0`` a text-only prompt already answered in the same
+episode is answered from memory (same text, ids and logprobs, no model call; docs/evaluation.md).
 """
 
 from __future__ import annotations

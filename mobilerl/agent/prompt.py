@@ -1,38 +1,16 @@
 """The prompt format — the one module that owns it (SFT data, evaluation and RL all build prompts here).
 
-The agent's state (MobileRL §2) is the task, the history of its previous think/action messages (no past
-screens), and the current screen. One step is one chat::
+One step is one chat (MobileRL §2 state: the task, previous responses, the current screen only)::
 
-    system     SYSTEM prompt: role, observation, action space (Table 5 syntax), response format
-    user       Task: <instruction>
-               Previous actions:
-               Step 1: <answer>do(action="Launch", app="Contacts")</answer>
-               ...                                   ("Previous actions: none" at the first step)
-               Current app: Contacts
-               Screenshot: <image>                   (modes "screenshot", "screenshot+xml")
-               Screen elements (Class;flags;label;[x1,y1][x2,y2]):
-               <compressed XML>                      (modes "xml", "screenshot+xml")
-    assistant  <think>…</think><answer>do(...)</answer>     (reasoning data / reasoning policies)
-               <answer>do(...)</answer>                     (reasoning-free data)
+    system     role, observation, action space, response format (:func:`system_prompt`)
+    user       Task: … / Previous actions: Step i: <response, verbatim; the last ``max_history``>
+               / Current app: … / Screenshot: <image> and/or the compressed XML screen lines
+    assistant  [<think>…</think>]<answer>do(...)</answer>
 
-Previous responses are repeated verbatim (their ``<think>`` included), oldest first; ``max_history`` keeps
-only the last N, numbered within the window under ``Previous actions (the last N):``. The window's numbers
-do not say how many steps came before it, so an agent that repeats one action on an unchanged screen sees the
-same prompt again, and a greedy policy answers it from memory (:class:`~mobilerl.agent.model_policy.ModelPolicy`).
-
-The frame (``coords``) says how the screen lines place elements and how actions name them:
-
-- ``"abs"`` (the paper's): bounds and ``element=[x1,y1,x2,y2]`` in absolute screen pixels;
-- ``"rel"``: both on the harness' 0-999 grid (a tokenizer with one token per integer 0-999);
-- ``"marks"`` (Set-of-Mark, as AndroidLab's SoM mode and AndroidWorld's index actions): each line ends with
-  its number ``[i]`` instead of its bounds (``TextView;;Display;[7]``) and ``Tap`` / ``Long Press`` name the
-  line, ``do(action="Tap", index=7)``. A prompt is ~0.7x as long as with boxes.
-
-:func:`in_frame` converts a recorded step's screen and action into the frame, :func:`action_to_env` a
-response back to the pixels the env takes.
-``<image>`` is the placeholder LLaMA-Factory's sharegpt format expects (one per image, in order);
-:func:`to_hf_messages` turns it into content parts for a HF processor's chat template. Everything here is a
-pure function of its arguments (deterministic, no I/O).
+The ``coords`` frame: ``"abs"`` pixels, ``"rel"`` the 0-999 grid, ``"marks"`` numbered lines that
+``index=i`` actions name. :func:`in_frame` puts a recorded step in the frame, :func:`action_to_env` turns a
+response back into env pixels. ``<image>`` is LLaMA-Factory's placeholder (:func:`to_hf_messages` for HF
+processors). Pure functions, no I/O.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """AndroidControl → our trajectory format (MobileRL Appendix D.5, Table 8).
 
-AndroidControl's published episodes are GZIP TFRecord files of ``tf.train.Example`` s with the features
-``episode_id`` (int64), ``goal`` (bytes), ``screenshots`` (PNG bytes, one per observation),
-``accessibility_trees`` (serialized ``android_env`` ``AndroidAccessibilityForest`` protos, one per
-observation), ``screenshot_widths`` / ``screenshot_heights`` (int64), ``actions`` (JSON strings, one per
-step: ``len(screenshots) - 1`` of them) and ``step_instructions`` (bytes, one per action). This module
-reads and writes that format without TensorFlow or generated protobuf code (a small wire-format codec
-for the few messages involved), so fixtures can be built in tests.
+Reads and writes AndroidControl's GZIP TFRecords of ``tf.train.Example`` s (and JSONL episodes) without
+TensorFlow or generated protobuf code (a small wire-format codec), so tests can build fixtures. The input
+features: docs/data_schema.md, "AndroidControl input".
 
-Conversion of an episode (:func:`convert_episode`):
-
-1. each accessibility forest → uiautomator-style XML (:func:`forest_to_xml`: windows by z-order, nodes
-   nested through ``child_ids``, the attributes of Appendix D.5) → compressed XML
-   (:func:`mobilerl.env.xml.compress_xml`);
-2. each action → ours with :func:`~mobilerl.data.androidcontrol_actions.from_androidcontrol` (Table 8: click /
-   long_press → Tap / Long Press on the smallest element box containing the point, scroll → Swipe in the
-   finger's direction, open_app → Launch, input_text → Type, navigate_home/back → Home/Back, wait →
-   Wait); the original point is kept in the trajectory's ``meta``;
-3. one step per action, with its ``step_instruction`` (the low-level variant) and the goal as the
-   episode instruction (the high-level variant); with ``add_finish`` a final ``finish()`` step on the
-   last screen (high-level episodes end by finishing);
-4. screenshots and texts are masked like every stored artifact (:mod:`mobilerl.data.masking`).
+:func:`convert_episode`: each accessibility forest → uiautomator XML (:func:`forest_to_xml`) → compressed
+XML; each action → ours (:func:`~mobilerl.data.androidcontrol_actions.from_androidcontrol`, Table 8; the
+original point kept in ``meta``); one step per action with its step instruction, the goal as the episode
+instruction, and with ``add_finish`` a final ``finish()`` on the last screen. :func:`convert_to_store`
+masks screenshots and texts like every stored artifact (:mod:`mobilerl.data.masking`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Data collection with privacy masking before storage (MobileRL Appendix D, D.2).
 
-:func:`collect` runs a policy (the simulator's oracle by default, any :class:`~mobilerl.agent.policy.Policy`)
-over a task list with the episode runner (:func:`~mobilerl.agent.runner.run_episodes`) and writes a
-trajectory store (:mod:`mobilerl.data.store`): Parquet rows + PNG screenshots. Nothing raw reaches the disk:
+:func:`collect` runs a policy (the simulator's oracle by default) over a task list and writes a trajectory
+store (:mod:`mobilerl.data.store`). Nothing raw reaches the disk: every env is a
+:class:`~mobilerl.data.recording.RecordingEnv` that masks screenshots in memory; an ended episode's texts
+are masked with its :class:`~mobilerl.data.privacy.TextMasker`; an episode that still holds a canary (a raw
+value the simulator planted) is not written (``leaks_blocked``; the stage then fails).
 
-1. Every env worker is a :class:`~mobilerl.data.recording.RecordingEnv` around a rendering env: it masks
-   each screenshot in memory before writing it and keeps the env's canaries (the raw personal values the
-   simulator planted) in memory only.
-2. When the episode ends, its texts go through the episode's :class:`~mobilerl.data.privacy.TextMasker`
-   (same surrogates everywhere in the episode; names and postal addresses, which no regex finds, masked
-   as the known values the simulator reported) — :func:`~mobilerl.data.masking.mask_trajectory`.
-3. A pre-write check looks for every canary in the masked texts (exactly and, for numbers, by digits); an
-   episode that still holds one is not written (counted in ``leaks_blocked``; the stage then fails).
-4. Only then is the row appended to the Parquet table.
-
-Canaries and raw actions of each episode stay in memory in :class:`~mobilerl.data.masking.EpisodeSecrets`
-(returned by :func:`collect`) so that :func:`replay_check` can replay the *stored* episodes (surrogates put
-back in memory) and compare the verifier results. The separate ``privacy_audit`` stage re-derives canaries
-from the task seeds instead (nothing is written for it). :func:`collect_stores` is the `collect` stage:
-the collected store, its replay check, and the human / AndroidControl stores beside it.
+Canaries and raw actions stay in memory (:class:`~mobilerl.data.masking.EpisodeSecrets`) so that
+:func:`replay_check` can replay the stored episodes. :func:`collect_stores` is the ``collect`` stage.
 """
 
 from __future__ import annotations

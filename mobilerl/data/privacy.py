@@ -1,24 +1,13 @@
 """Privacy masking before storage (MobileRL Appendix D.2): one :class:`TextMasker` per episode.
 
-Detection is :mod:`mobilerl.data.privacy_rules` (nine categories of personal data, plus known values);
-this module replaces what it finds and is the module callers use: the detector's names (categories,
-:class:`Span`, :func:`detect`, :func:`token`) are importable from here too.
+Detection lives in :mod:`mobilerl.data.privacy_rules` (re-exported here: :func:`detect`, :class:`Span`,
+:func:`token`, the categories); this module replaces what it finds and is the one callers import. Images:
+:mod:`mobilerl.data.privacy_image`; :func:`sensitive_boxes` gives the screen boxes of flagged XML nodes.
 
-Known values (names, postal addresses a simulator reports it planted) are masked as exact matches.
-
-Masking — :class:`TextMasker` replaces each span either by the category token
-(``mode="token"``: ``[PHONE]``, as in the paper) or by a *surrogate* (``mode="surrogate"``): a realistic
-fake of the same category and shape, the same fake for the same value everywhere in the episode (phones
-compared as E.164, e-mails case-insensitively), so the instruction, the XML and a ``Type`` action that
-mention one number stay consistent. Fakes come from ranges reserved for fiction where such ranges exist
-(NANP 555-01xx, Ofcom 07700 900xxx, ARCEP 06 39 98 xx xx, ``example.com``, published test card numbers
-and the IBAN registry's example IBANs), otherwise they are random values of the same shape; fakes never
-equal a value the masker was told to avoid (the known raw values). Surrogates are drawn from a seeded RNG
-in order of first appearance, so they carry no information about the raw value beyond its format.
-:meth:`TextMasker.unmask` inverts them in memory (for replay checks); nothing of the mapping is stored.
-
-Images live in :mod:`mobilerl.data.privacy_image` (faces, QR codes, OCR'd text, and regions named by the
-UI dump); :func:`sensitive_boxes` gives the on-screen boxes of the XML nodes whose text is flagged.
+``mode="token"`` writes ``[PHONE]``; ``mode="surrogate"`` a realistic fake of the same shape, the same
+fake for the same value everywhere in the episode (from ranges reserved for fiction where they exist,
+never a known raw value), drawn from a seeded RNG in order of first appearance. :meth:`TextMasker.unmask`
+inverts surrogates in memory only; the mapping is never stored.
 """
 
 from __future__ import annotations

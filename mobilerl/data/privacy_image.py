@@ -1,23 +1,12 @@
-"""Image side of the privacy masking (MobileRL Appendix D.2): faces, QR codes and text that holds personal
-data are found in a screenshot and filled (or blurred) before it is stored.
+"""Image side of the privacy masking (MobileRL Appendix D.2): regions of a screenshot that hold personal
+data are filled (or blurred) before it is stored.
 
-Sources of regions, combined by :func:`mask_image`:
-
-- ``boxes`` — regions the caller already knows, e.g. :func:`mobilerl.data.privacy.sensitive_boxes` of the
-  screen's UI dump: every node whose text the text masker flags (fast and exact for UI text; boxes are in
-  the dump's coordinate space and are scaled to the image).
-- faces — OpenCV Haar cascades (by default the frontal ``default`` one; ``THOROUGH_CASCADES`` adds
-  ``alt2`` and profile) on a grey copy downscaled to ``face_max_side`` pixels (faces smaller than ~20 px
-  there are not found: ~60 px on a 1200 px screenshot at the default 640).
-- QR codes — OpenCV's ArUco-based ``QRCodeDetectorAruco`` (plus the classic ``QRCodeDetector`` with
-  ``qr_both``) at full size: codes with 2-pixel modules are missed on a half-size copy, so collectors detect
-  them on the capture before downscaling it (``regions``). Every QR code is masked whatever it encodes.
-- OCR — tesseract word boxes grouped into lines; each line goes through the text masker (detectors and
-  its known values) and the words of flagged spans are masked. Slow (~1 s per 1080×2400 screenshot), so
-  optional: it is what catches text painted into pixels that the UI dump does not list.
-
-Regions are padded by ``pad`` pixels and filled with a flat grey (``style="fill"``) or pixelated and
-blurred (``style="blur"``). Per-source timings are returned with the result.
+:func:`mask_image` combines four sources: ``boxes`` the caller knows (e.g.
+:func:`mobilerl.data.privacy.sensitive_boxes` of the UI dump, scaled to the image); faces (OpenCV Haar
+cascades on a downscaled grey copy); QR codes (OpenCV, at full size: detect them on the capture before
+downscaling it and pass them as ``regions``); and optional OCR (tesseract lines through the text masker),
+which catches text painted into pixels that the dump does not list. Regions are padded by ``pad`` and
+filled grey (``style="fill"``) or pixelated and blurred (``"blur"``); per-source timings come back too.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
-"""Personal data in text: the detector (:func:`detect`) and exact known values (:func:`detect_known`).
+"""Personal data in text: the rule detector (:func:`detect`) and exact known values (:func:`detect_known`).
 
-:func:`detect` finds spans of nine categories with rules, validators and context words:
-
-=================  ==========================================================================================
-category           how it is found
-=================  ==========================================================================================
-``EMAIL``          address syntax (file names such as ``icon@2x.png`` excluded)
-``PHONE``          ``phonenumbers`` validation in many regions: ``+`` international numbers anywhere;
-                   formatted national numbers; bare digit runs only as CN mobiles or after a context word
-``BANK_ACCOUNT``   cards (Luhn + issuer prefix), IBAN (country length + mod-97), account numbers after a
-                   context word (account / acct / 账号 / Kontonummer / sort code / CLABE …)
-``PASSPORT``       a number after a passport context word (any language), ICAO MRZ lines (check digit)
-``NATIONAL_ID``    checksummed IDs without context (CN resident ID, FR NIR, ES DNI/NIE, IT codice fiscale,
-                   BR CPF, KR RRN, UK NINO, US SSN, IN Aadhaar 4-4-4); other numbers after ID context words
-``VEHICLE_PLATE``  CN plates (province + letter + 5/6), FR ``AB-123-CD``, UK ``AB12 CDE``, DE ``B-MW 1234``;
-                   anything plate-shaped after a plate context word (US plates are only found that way)
-``TRACKING_NUMBER`` UPS ``1Z…``, UPU S10 (check digit), USPS IMpb, SF/YT/JT/TBA prefixes; any long
-                   number after a tracking / carrier context word (FedEx, DHL, 运单号 …)
-``ORDER_NUMBER``   Amazon ``123-1234567-1234567``; numbers after an order context word (order #, 订单号 …)
-``SOCIAL_ACCOUNT`` ``@handles``, profile URLs of social sites, IDs after WeChat / QQ / Telegram … words
-=================  ==========================================================================================
-
-Context words may sit on the previous line of a compressed XML dump (``Passport No.;[..][..]`` then
-``TextView;;E12345678;[..]``), as in a label/value pair of a real screen. UI text is left alone: bounds,
-times, dates, prices, counts, percentages, versions, IPs, action strings. Overlaps are resolved by rule
-priority (validated formats first), then length. Names and postal addresses, which no rule finds, are
-masked as exact known values (:func:`detect_known`: ``PERSON_NAME``, ``ADDRESS``).
-
-Validators live in :mod:`mobilerl.data.checksums`, phone numbers in :mod:`mobilerl.data.privacy_phone`;
-masking in :mod:`mobilerl.data.privacy`.
+:func:`detect` finds nine categories (``EMAIL``, ``PHONE``, ``BANK_ACCOUNT``, ``PASSPORT``, ``NATIONAL_ID``,
+``VEHICLE_PLATE``, ``TRACKING_NUMBER``, ``ORDER_NUMBER``, ``SOCIAL_ACCOUNT``) with rules, checksum
+validators and context words; a context word may sit on the previous line of a compressed XML dump (a
+label/value pair). Ordinary UI text (bounds, times, prices, versions, …) is left alone; overlaps go to the
+validated format, then the longer span. Names and postal addresses, which no rule finds, are known values
+(``PERSON_NAME``, ``ADDRESS``). Per category: docs/data_schema.md, "Notes moved from module docstrings".
+Validators: :mod:`mobilerl.data.checksums`, :mod:`mobilerl.data.privacy_phone`; masking:
+:mod:`mobilerl.data.privacy`.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """SFT datasets from trajectory stores, in LLaMA-Factory's sharegpt multimodal format.
 
-One sample per step (MobileRL §2 state): the task, the history of previous responses (no past screens),
-the current screenshot and/or compressed XML → the step's action, rendered by :mod:`mobilerl.agent.prompt`
-(reasoning-free: ``<answer>…</answer>``; with ``reasoning`` a stored ``<think>`` is kept).
-
-Sources (:class:`SftSource`) are stores of the collector (``collected``), of human annotations
-(``human``) and of converted AndroidControl episodes (``androidcontrol``); ``variant`` picks high-level
-samples (goal + history), low-level ones (the step instruction, no history — AndroidControl-Low), or both.
-A step recorded without a step instruction (the simulator's expert writes none) gets one derived from its
-action and screen (:func:`mobilerl.data.step_instructions.step_instruction`: ``Tap "Wi-Fi"``).
-Only successful episodes are used unless ``only_success`` is off (sources without a verifier count as
-successful). Then:
-
-- dedupe: identical (prompt, image content, response) samples are kept once;
-- split: by task id (all steps of a task on the same side), ``val_fraction`` of the tasks to validation;
-- mixing: each source's train samples are resampled by its ``weight`` (2.0: every sample twice; 0.5:
-  a seeded half) times the weight of the sample's action type (``action_weights``, e.g. ``{"Finish": 3}``:
-  a rare decision seen more often); validation is not resampled.
-
-Output directory::
-
-    dataset_info.json      {"<name>_train": {...}, "<name>_val": {...}} (sharegpt, messages + images)
-    train.json, val.json   lists of {"messages": [system, user, assistant], "images": ["images/ab/….png"]}
-    images/                screenshots, content-addressed (a screen used by many samples is stored once)
-    stats.json             counts per source, split and action type
-
-Images are copied (optionally downscaled to ``image_max_side``) so that paths are relative to the dataset
-directory, which is what LLaMA-Factory resolves them against (``dataset_dir`` / ``media_dir``).
+One sample per valid step, prompted by :mod:`mobilerl.agent.prompt` (``<answer>…</answer>``; with
+``reasoning`` a stored ``<think>`` is kept). :func:`build_sft` reads the :class:`SftSource` stores
+(``collected``, ``human``, ``androidcontrol``; ``variant``: high-level, low-level or both), keeps successful
+episodes unless ``only_success`` is off, dedupes identical samples, splits by task id (:func:`split_of`)
+and resamples train samples by the source's ``weight`` times ``action_weights`` (validation is not
+resampled). Images are copied content-addressed into the dataset directory, since LLaMA-Factory resolves
+paths against it. Output layout: docs/data_schema.md, "SFT dataset".
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
-"""The closed action vocabulary (MobileRL Table 5, in AndroidLab's call syntax).
+"""The closed action vocabulary (MobileRL Table 5, in AndroidLab's call syntax)::
 
-Grammar accepted by :func:`parse_action` (whitespace is free, strings may use ' or "; their only escapes
-are the ones :func:`format_action` writes, ``\\\\ \\" \\n`` and ``\\'``, and any other backslash is itself):
-
-    do(action="Tap", element=[x1, y1, x2, y2])    | do(action="Tap", index=i)
-    do(action="Long Press", element=[x1, y1, x2, y2])  | do(action="Long Press", index=i)
-    do(action="Type", text="...")
+    do(action="Tap" | "Long Press", element=[x1, y1, x2, y2])   (or index=i: screen line i, marks frame)
+    do(action="Type", text="...")    do(action="Launch", app="Contacts")
     do(action="Swipe", direction="up|down|left|right", dist="short|medium|long"[, element=[...]])
-    do(action="Launch", app="Contacts")
-    do(action="Back") | do(action="Home") | do(action="Wait")
-    finish(message="...")              # message optional
+    do(action="Back" | "Home" | "Wait")    finish(message="...")   (message optional)
 
-A full model response ``<think>...</think><answer>...</answer>`` is accepted too: the call inside
-``<answer>`` is parsed. Parsing goes through :mod:`ast` (a parser, never eval/exec) and accepts only one
-call whose arguments are string literals or a list of four integers; anything else raises
-:class:`ActionParseError`, which callers turn into an invalid step.
-
-``index=i`` (Set-of-Mark grounding: the ``i``-th line of the compressed XML the model saw, numbered from 0)
-names an element instead of its box; :func:`mobilerl.agent.prompt.action_to_env` turns it into the line's
-box before the env sees it (an env given an unresolved index records an invalid step).
-
-Coordinates are absolute screen pixels. The official MobileRL harness shows models a 0-999 relative
-grid; :func:`to_relative` / :func:`to_absolute` convert boxes and :func:`convert_action` whole actions.
+:func:`parse_action` takes a bare call or a whole ``<think>…</think><answer>…</answer>`` response, parses
+with :mod:`ast` (never eval) and raises :class:`ActionParseError` (an invalid step) for anything but one
+such call; ``parse_action(format_action(a)) == a``. Boxes are absolute pixels; :func:`to_relative`,
+:func:`to_absolute` and :func:`convert_action` convert to the official harness' 0-999 grid.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """Real-device backend: a synchronous :class:`~mobilerl.env.base.Env` that drives a phone or AVD over adb.
 
-Every device command goes through one :class:`AdbRunner` (``run(args) -> stdout bytes``), so the same
-code runs against a device (:class:`SubprocessAdbRunner`) or against recorded outputs
-(:class:`RecordedAdbRunner`, used by the tests). Commands issued:
+Every device command goes through one :class:`AdbRunner`, so the same code runs against a device
+(:class:`SubprocessAdbRunner`) or recorded outputs (:class:`RecordedAdbRunner`, the tests). Observing is
+``uiautomator dump`` + ``screencap``; actions are ``input`` / ``monkey`` commands.
 
-    observe:   shell uiautomator dump /sdcard/window_dump.xml ; exec-out cat /sdcard/window_dump.xml
-               exec-out screencap -p ; shell wm size (once) ; shell dumpsys window | grep …mCurrentFocus…
-    Tap:       shell input tap X Y                     (centre of the element box)
-    Long Press shell input swipe X Y X Y 1000
-    Swipe:     shell input swipe X1 Y1 X2 Y2 400       (see below)
-    Type:      shell input text <escaped>              (space -> %s, shell metacharacters backslashed;
-                                                        newlines -> KEYCODE_ENTER)
-    Launch:    shell monkey -p <package> -c android.intent.category.LAUNCHER 1
-    Back/Home: shell input keyevent KEYCODE_BACK | KEYCODE_HOME
-    Wait:      sleeps ``wait_s`` (3 s, paper Table 5); Finish: ends the episode, no device command.
+Swipe geometry (AppAgent/AndroidLab's controller): the finger starts at the element's centre (the screen's
+without one) and moves *in* ``direction`` by ``k * (width // 10)`` horizontally, twice that vertically,
+k = 1, 2, 3 for short/medium/long, clamped to the screen ("up" reveals what is below).
 
-Swipe geometry follows the AppAgent/AndroidLab device controller that the action space comes from: the
-finger starts at the element's centre (screen centre without one) and moves *in* ``direction``; with
-``unit = width // 10``, a horizontal swipe travels ``unit × k`` and a vertical one ``2 × unit × k``, with
-k = 1, 2, 3 for short, medium, long; end points are clamped to the screen. So "up" drags the content up,
-revealing what is below.
-
-Task verification needs app state that adb alone does not expose: :meth:`AdbEnv.evaluate` returns ``None``
-unless a ``verifier(env, task) -> float`` is given. ``input text`` types ASCII only; non-ASCII text needs
-the ADBKeyBoard IME (``adb_keyboard=True``, sent as a base64 broadcast). A literal "%s" cannot be typed
-through ``input text`` (it always means a space).
+:meth:`AdbEnv.evaluate` returns ``None`` without a ``verifier``. ``input text`` types ASCII only
+(non-ASCII: ``adb_keyboard=True``) and cannot type a literal "%s".
 """
 
 from __future__ import annotations

@@ -1,39 +1,14 @@
 """Client for AndroidWorld's own env server (the FastAPI app its Docker image runs on port 5000).
 
-The API, as defined by google-research/android_world ``server/android_server.py`` and exercised by the
-example ``AndroidEnvClient`` that ships with it. Scalar arguments are *query parameters*, even on POST
-(FastAPI's default for scalar handler arguments); only ``/execute_action`` has a JSON body:
+The API is google-research/android_world's ``server/android_server.py``: scalar arguments are query
+parameters even on POST; only ``/execute_action`` has a JSON body (a ``JSONAction`` dict).
+:func:`to_json_action` maps our actions; the non-obvious parts: Swipe → ``scroll`` in the *opposite*
+direction over the whole screen (element and dist are not forwarded); Type → ``input_text`` at the centre
+of the last tapped element (an error in ``info`` if none); Finish → ``answer`` (with a message), then
+``status`` complete.
 
-    POST /reset?go_home=<bool>                               -> {"status": "success", "message": ...}
-    GET  /screenshot?wait_to_stabilize=<bool>                -> {"pixels": [[[r, g, b], ...], ...]}  (H×W×3)
-    POST /execute_action   body: JSONAction dict             -> {"status": "success", "message": ...}
-    GET  /suite/task_list?max_index=<int>                    -> {"task_list": [task_type, ...]}
-    GET  /suite/task_length?task_type=<str>                  -> {"length": int}
-    GET  /suite/reinitialize?n_task_combinations=&seed=&task_family=   -> {"status", "message"}
-    POST /task/initialize?task_type=<str>&task_idx=<int>     -> {"status", "message"}
-    POST /task/tear_down?task_type=<str>&task_idx=<int>      -> {"status", "message"}
-    GET  /task/score?task_type=<str>&task_idx=<int>          -> {"score": float}
-    GET  /task/goal?task_type=<str>&task_idx=<int>           -> {"goal": str}
-    GET  /task/template?task_type=<str>&task_idx=<int>       -> {"template": str}
-    POST /close                                              -> {"status": "success"}  (closes the emulator env)
-    GET  /health                                             -> {"status": "success"}
-
-JSONAction keys (``android_world/env/json_action.py``): action_type ∈ {click, double_tap, long_press,
-input_text, keyboard_enter, navigate_back, navigate_home, open_app, scroll, swipe, status, answer, wait,
-unknown}, x, y, text, direction, app_name, goal_status, index, keycode, clear_text.
-
-Our actions map as: Tap -> click(x, y) at the box centre; Long Press -> long_press(x, y); Type ->
-input_text(text, x, y) — AndroidWorld's input_text first taps (x, y), types, then presses Enter, so we
-send the centre of the last tapped element (an error is reported in ``info`` if nothing was tapped yet);
-Swipe -> scroll with the *opposite* direction (AndroidWorld's ``scroll down`` drags the finger up, i.e.
-our ``Swipe up``); its scroll covers the whole screen (it can only target elements by its own index), so
-our element and dist are not forwarded; Launch -> open_app(app_name); Back/Home -> navigate_back/home;
-Wait -> wait; Finish -> answer(text=message) when there is a message (query tasks are scored on the
-answer) followed by status(goal_status="complete").
-
-Limits of that server: it exposes no UI tree and no foreground app, so observations carry an empty
-``<hierarchy/>`` (unless a ``ui_dump`` callable is given, e.g. ``AdbEnv(...).dump_xml`` against the same
-emulator) and ``app=""``; it serves one emulator and one suite, so use one client per server.
+The server exposes no UI tree and no foreground app: observations carry an empty ``<hierarchy/>`` (unless
+``ui_dump`` is given) and ``app=""``. It serves one emulator and one suite: use one client per server.
 """
 
 from __future__ import annotations

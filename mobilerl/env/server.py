@@ -1,26 +1,12 @@
 """HTTP env server: any synchronous backend behind a token-protected FastAPI app, and its client.
 
-Protocol (JSON; every endpoint but ``/health`` needs ``Authorization: Bearer <token>``):
-
-    POST /reset    {"task": "<task id>" | {TaskSpec dict}, "session": null | "<id>"}
-                   -> {"session": "<id>", "observation": {wire observation}}
-    POST /step     {"session": "<id>", "action": "<format_action text>"}
-                   -> {"observation": {...}, "done": bool, "info": {...}}     (unparsable action: 422)
-    POST /evaluate {"session": "<id>"} -> {"reward": float | null}
-    POST /close    {"session": "<id>"} -> {"closed": true}
-    GET  /stats    -> pool counters and session count
-    GET  /health   -> {"status": "ok", ...}                                   (no token needed)
-
-A session is one leased worker of the server's :class:`~mobilerl.env.pool.EnvPool`; ``/reset`` without a
-session leases a worker (503 if none frees up within ``acquire_timeout``), with a session it resets the
-same worker. With ``isolate=True`` every worker is a :class:`~mobilerl.env.process_env.ProcessEnv`: a worker
-that dies mid-episode is replaced by the pool; the call that found it dead answers 503 naming the crash,
-later calls on that session 409, and new sessions keep working. Sessions idle for ``session_ttl`` seconds
-are closed, so crashed clients do not leak workers. Other errors: unknown session 404, env error
-(e.g. an unknown task id) 400, bad/missing token 401.
-
-:class:`RemoteEnv` is the :class:`~mobilerl.env.base.AsyncEnv` client: transport errors, 5xx, and a lost
-session (404/409) raise :class:`~mobilerl.env.base.EnvCrashed`; 4xx raise :class:`~mobilerl.env.base.EnvError`.
+JSON endpoints, all but ``GET /health`` behind ``Authorization: Bearer <token>``: ``POST /reset`` (task id or
+TaskSpec dict; without a session it leases a worker of the :class:`~mobilerl.env.pool.EnvPool`, with one it
+resets that worker), ``/step`` (a ``format_action`` text), ``/evaluate``, ``/close`` and ``GET /stats``.
+Errors: bad token 401, env error 400, unknown session 404, unparsable action 422, no free worker 503. Idle
+sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
+503, later calls on that session 409. :class:`RemoteEnv` is the client: transport errors, 5xx, 404 and 409
+raise :class:`~mobilerl.env.base.EnvCrashed`, other 4xx :class:`~mobilerl.env.base.EnvError`.
 """
 
 from __future__ import annotations

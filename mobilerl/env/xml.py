@@ -1,28 +1,13 @@
 """UI-XML compression for the agent's observation (MobileRL Appendix C).
 
-From a uiautomator dump (``<hierarchy><node …>``), as produced by a real device or by the simulator:
-
-1. Off-screen removal: a node is on screen iff its bounds lie inside the screen and inside its parent's
-   bounds; checked recursively, so an off-screen node takes its subtree with it. ``keep_offscreen=True``
-   keeps them (for summarising a whole page without scrolling). Zero-area nodes count as off-screen.
-2. Redundant-node removal: a node is kept iff one of checkable, checked, clickable, focusable,
-   scrollable, long-clickable, password, selected is true, or its text or content-desc is non-empty.
-   Dropped nodes' descendants are still visited.
-3. Attribute simplification, one line per kept node, in document order::
-
-       Class;flags;label;[x1,y1][x2,y2]
-       TextView;;Audio Recorder;[221,1095][858,1222]
-       Switch;checkable checked clickable focusable;ON;[888,460][1032,580]
-
-   ``Class`` is the last component of the class name, ``flags`` are the true booleans (in the order
-   above, space separated), ``label`` is the text, or the content-desc, or ``text | desc`` when both are
-   present and differ; newlines in labels are written as ``\\n``. index, resource-id and package go.
-
-Real dumps are not always tidy: attributes may be missing (treated as false/empty), the screen size is
-taken from the argument or else from the top-level nodes, and malformed XML raises ``ValueError`` naming
-the parse error. ``numbered=True`` prefixes each line with its index (``[3] Button;…``) for Set-of-Mark
-style grounding, where actions name an element by index; :func:`compress_nodes` returns the kept nodes
-so an index can be mapped back to its bounds.
+A uiautomator dump (from a device or the simulator) becomes one line per kept node, in document order:
+``Class;flags;label;[x1,y1][x2,y2]``, e.g. ``Switch;checkable checked;ON;[888,460][1032,580]``. Off-screen
+nodes (zero area, or not inside the screen and their parent) go with their subtree unless
+``keep_offscreen``; of the rest a node is kept iff one of checkable, checked, clickable, focusable,
+scrollable, long-clickable, password, selected is true (``flags``, in this order) or it has a label: its
+text, content-desc, or ``text | desc`` when they differ, newlines as ``\\n``. Missing attributes count as
+false; malformed XML raises ``ValueError``. ``numbered=True`` prefixes ``[i]`` for Set-of-Mark grounding;
+:func:`compress_nodes` returns the kept nodes, so an index maps back to its bounds.
 """
 
 from __future__ import annotations

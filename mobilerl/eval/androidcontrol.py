@@ -1,46 +1,13 @@
 """Offline AndroidControl-style step evaluation (MobileRL Appendix D.5, Table 8).
 
-Each ground-truth step is one of our :class:`~mobilerl.env.actions.Action` s plus, for point actions
-(Tap / Long Press), the original point the annotator clicked. A predicted response is judged by:
-
-==========  =============================================================================
-GT action   the prediction is correct iff its type matches and …
-==========  =============================================================================
-Tap         the GT point lies inside the predicted box (bounds inclusive)
-Long Press  the GT point lies inside the predicted box
-Swipe       the directions match (both in *our* finger sense, see below)
-Launch      the app names match, case-insensitively (surrounding whitespace ignored)
-Type        token-level F1 between predicted and GT text > 0.5
-Back/Home/  (type match is enough)
-Wait/Finish
-==========  =============================================================================
-
-Scroll vs swipe: AndroidControl's ``scroll`` direction is where the *content* moves into view
-("scroll down" reveals what is below), our ``Swipe`` direction is where the *finger* moves; they are
-opposite, so :func:`mobilerl.data.androidcontrol_actions.from_androidcontrol` maps ``scroll down`` to ``Swipe up`` (and left ↔ right).
-
-Metrics (per mode): ``type_accuracy`` (type matches / steps), ``grounding_accuracy`` (over GT Tap /
-Long Press steps whose predicted type matched: point inside box), ``grounding_accuracy_all`` (same,
-over all GT Tap / Long Press steps), ``step_success_rate`` (type and argument rule), ``invalid_rate``
-(unparseable responses) and ``episode_success_rate`` (every step of the episode correct).
-
-Where a grounding step misses, *why* separates choosing the wrong element from pointing at nothing. When
-the step's screen is known, a miss whose predicted box is the box of an element on that screen (IoU >=
-0.9: the grid round trip moves a box by a pixel or two) picked the wrong element (``wrong_element``: in
-high mode a wrong decision or a failed lookup of the right label; in low mode, where the instruction
-names the label, a failed lookup); one that matches no element points at nothing the screen shows
-(``off_element``). ``grounding_wrong_element`` and ``grounding_off_element`` are their shares of the
-type-matched grounding steps, so with ``grounding_accuracy`` they sum to 1.
-
-Modes (:func:`run_androidcontrol`): **low** — one single-turn call per step, the instruction is the step
-instruction, no history; **high** — the episode goal, with a history of previous turns, in which a wrong
-prediction is replaced by the ground-truth action (as a response, ``<answer>…</answer>``) so that later
-steps are judged from the expert's path.
-
-Our own trajectories are step data too (:func:`from_trajectory`): the evaluate stage scores checkpoints
-this way on expert rollouts of held-out tasks. A policy that answers on the 0-999 grid
-(``coords="rel"``) is judged on the action it hands the env (``PolicyOutput.action_text``, pixels), and
-its history's ground-truth replacements are written on the grid (``frame="rel"``), as it was trained.
+A step is correct iff the predicted type matches and: Tap / Long Press, the GT point lies in the predicted
+box; Swipe, the same *finger* direction (AndroidControl's ``scroll down`` is our ``Swipe up``); Launch, the
+same app (case-insensitive); Type, token F1 > 0.5; others, the type alone. Metrics: ``type_accuracy``,
+``step_success_rate``, ``invalid_rate``, ``episode_success_rate``; ``grounding_accuracy`` over the
+type-matched GT Tap / Long Press steps (``grounding_accuracy_all``: over all of them), whose misses on a
+known screen are ``grounding_wrong_element`` (another element's box) or ``grounding_off_element``, summing
+to 1 with it. Modes: **low**, the step instruction and no history; **high**, the goal and a history in
+which wrong predictions are replaced by the ground truth.
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """One interface for every generation backend: chat requests in, text + per-token logprobs out.
 
-    backend.generate([ChatRequest(messages, images)], SamplingConfig(...)) -> [Generation(text, token_ids,
-                                                                                            logprobs, ...)]
-    backend.score(request, completion)  -> teacher-forced per-token logprobs of ``completion``
-
-Backends: :mod:`mobilerl.models.hf_backend` (transformers, CPU/GPU), :mod:`mobilerl.models.vllm_backend`
-(``vllm.LLM``, GPU extra) and :mod:`mobilerl.models.openai_backend` (any OpenAI-compatible server: vLLM,
-SGLang, or :mod:`mobilerl.models.serve_openai` in front of another backend). Build one from a config dict
-with :func:`mobilerl.models.backends.make_backend`.
-
-**Requests.** ``messages`` are role/content dicts. String content may hold ``<image>`` placeholders, one
-per entry of ``images``, in order (LLaMA-Factory's sharegpt convention, the form the prompt module
-:mod:`mobilerl.agent.prompt` and the SFT data use). Content may also be a list of parts
-``{"type": "text", "text": ...}`` / ``{"type": "image"}`` (an image part consumes the next image).
-
-**Which logprobs (every backend, generate and score alike).** For the token ``y_t`` chosen at step ``t``,
-``logprob_t = log_softmax(logits_t / T)[y_t]`` from the model's raw logits, T = the sampling temperature or 1
-when greedy: :func:`mobilerl.models.logprobs.token_logprobs`, the definition a trainer recomputes for the
-importance ratio. No top-p / top-k renormalisation (top-p only restricts which tokens may be drawn), no
-penalties. vLLM computes the same with ``logprobs_mode="processed_logprobs"`` as long as ``top_p == 1``
-(with ``top_p < 1`` vLLM renormalises over the nucleus); an OpenAI-compatible vLLM server returns it only
-when started with ``--logprobs-mode processed_logprobs`` (its default ``raw_logprobs`` equals it at T = 1).
-
-**Tokens.** ``Generation.token_ids`` are all sampled tokens, including the end-of-turn token when the
-model emitted it (``finish_reason == "stop"``) and the tokens that completed a stop string; ``logprobs``
-has one entry per token id (RL needs both). Only a server that does not return token ids (an OpenAI-style
-server without vLLM's extensions) leaves ``token_ids`` empty beside non-empty logprobs. ``text`` is the
-decoded response without special tokens, cut before a stop string. Scoring ``Generation.token_ids``
-reproduces ``Generation.logprobs``.
-
-**Seeds.** Request ``i`` of one ``generate`` call is sampled with seed ``sampling.seed + i`` (so a group
-of identical requests yields distinct samples, reproducibly); ``seed=None`` draws fresh randomness.
+``generate([ChatRequest(messages, images)], SamplingConfig(...))`` gives one :class:`Generation` a request,
+``score(request, completion)`` teacher-forced logprobs; :func:`mobilerl.models.backends.make_backend` builds
+a backend. String content holds one ``<image>`` per entry of ``images``, in order (or content is a list of
+``text`` / ``image`` parts). Logprobs are ``log_softmax(logits / T)`` of the chosen token in every backend
+(T = temperature, 1 when greedy; no top-p / top-k renormalisation: :mod:`mobilerl.models.logprobs`).
+``token_ids`` are all sampled tokens, end-of-turn and stop-string tokens included, one logprob each (empty
+only from servers that return no ids); ``text`` is cut before a stop string. Request ``i`` of a call is
+sampled with seed ``sampling.seed + i``.
 """
 
 from __future__ import annotations
@@ -244,7 +221,7 @@ class MicroBatcher:
     with different ``key(item)`` never share a batch (e.g. different ``max_new_tokens``). ``fn`` runs on
     ``executor`` (one thread: the model is used by one batch at a time), so the event loop never blocks.
     The batcher binds to the running event loop on first use and rebinds when a new loop uses it (each
-    ``asyncio.run`` of :func:`mobilerl.eval.evaluate_sync` gets a fresh one).
+    ``asyncio.run`` of :func:`mobilerl.eval.runner.evaluate_sync` gets a fresh one).
     """
 
     def __init__(

@@ -2,34 +2,12 @@
 
     backend = OpenAIBackend("http://127.0.0.1:8000/v1", api_key=os.environ.get("MOBILERL_API_KEY"))
 
-``generate`` posts one ``/v1/chat/completions`` per request, concurrently (the server batches them), with
-``logprobs: true``; images travel as base64 PNG ``data:`` URLs in ``image_url`` content parts, at their
-``<image>`` placeholders. It reads ``choices[0].message.content``, ``choices[0].logprobs.content[].logprob``
-and ``finish_reason``.
-
-Server features relied on, beyond the OpenAI API (all vLLM chat-completion extensions, ignored or refused
-by other servers — set ``vllm_extensions=False`` for a plain OpenAI-style server, which then gives no
-token ids and no ``score``):
-
-- ``return_tokens_as_token_ids`` — tokens come back as ``"token_id:<id>"``, so ``Generation.token_ids``
-  is filled (without it the ids are left empty; logprobs are still there);
-- ``prompt_logprobs``, ``add_generation_prompt``, ``continue_final_message`` — for :meth:`score`.
-- which logprobs: vLLM returns ``log_softmax(logits / T)`` (this project's definition, see
-  :mod:`mobilerl.models.logprobs`) only with ``--logprobs-mode processed_logprobs`` and ``top_p = 1``;
-  its default ``raw_logprobs`` is T-free (the same at T = 1). ``serve_openai`` always returns the
-  project's definition.
-
-``score(request, completion_text)`` sends three cheap requests (``max_tokens=1``, concurrently), each with
-``prompt_logprobs=0`` — the prompt logprobs of (A) the prompt with the assistant header, (B) the prompt
-plus the completion as an unfinished assistant message, (C) the same as a finished turn — and returns
-B's logprobs past A's length (the completion's tokens) followed by C's logprob at B's length (the
-end-of-turn token). It checks that A is a prefix of B and B of C (a tokenizer that merges across the
-header/completion boundary is reported, not silently misaligned). Prompt logprobs are at T = 1 on vLLM,
-so only ``temperature=1`` can be scored.
-
-Failures: connection errors, timeouts, 429 and 5xx are retried ``max_retries`` times with exponential
-backoff, then raise :class:`~mobilerl.models.generation.GenerationError` naming the URL and the last
-error; other 4xx and malformed responses raise it at once, quoting the server.
+``generate`` posts one ``/v1/chat/completions`` per request, concurrently, with ``logprobs: true``. Token ids
+and ``score`` (three ``prompt_logprobs`` requests, checked to tokenize as prefixes of each other; T = 1 only)
+need vLLM's extensions: set ``vllm_extensions=False`` for other servers. vLLM returns this project's
+logprobs only with ``--logprobs-mode processed_logprobs`` and ``top_p = 1``. Connection errors, timeouts,
+429 and 5xx are retried with backoff, then raise :class:`~mobilerl.models.generation.GenerationError`;
+other failures raise it at once.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """A lean prefill for text-only prompts of Qwen2-VL-family decoders (the tiny profile's model).
 
-:class:`~mobilerl.models.hf_backend.HFBackend` prefills every prompt alone. For a model of the tiny
-profile's size (hidden 128, 3 layers) most of a ``model(...)`` call on CPU is not the matrix products but
-what surrounds them: M-RoPE position ids and their rotary tables, the 3-section rotary split and
-concatenation, mask and cache bookkeeping, output dataclasses. For a prompt without images the three
-M-RoPE position streams are equal, and M-RoPE with equal streams *is* ordinary 1-D RoPE over the same
-frequencies, so the forward reduces to: embed, then per layer RMSNorm → q/k/v → RoPE → causal SDPA →
-o_proj, RMSNorm → MLP, and the final norm and LM head on the last position only. :class:`TextPrefill`
-runs exactly that with the model's own modules and weights and returns the keys/values the decoding
-cache needs, post-RoPE as the model's cache holds them (the test checks logits and cache against the
-transformers forward).
-
-Only models it was checked against are taken (:meth:`TextPrefill.for_model` returns None otherwise, and
-the backend keeps the transformers forward): Qwen2-VL with default RoPE, no sliding window.
-
-**Prefix reuse.** Consecutive prompts of an episode share their beginning (system prompt, task, the part of
-the history that did not scroll away: ~26 % of the tiny policy's prompt tokens on world/test), and the
-samples of a GRPO group share their whole first prompt. :class:`PrefixCache` keeps the keys/values of
-recent prompts; ``TextPrefill(ids, past=kv)`` then runs only the new tokens, their queries attending to the
-cached keys and to each other (causal). The keys/values of a position depend only on the tokens up to it,
-so this is the same computation as a full prefill (the test checks logits and cache).
+For a model this small, most of a CPU ``model(...)`` call is bookkeeping around the matrix products (M-RoPE
+ids and tables, masks, cache, output classes). Without images M-RoPE is plain 1-D RoPE, so
+:class:`TextPrefill` runs only embed, the layers, and the final norm and LM head on the last position, with
+the model's own modules, and returns the post-RoPE keys/values the decoding cache needs.
+:meth:`TextPrefill.for_model` gives None for models it was not checked against (only Qwen2-VL, default RoPE,
+no sliding window). With :class:`PrefixCache`, ``TextPrefill(ids, past=kv)`` runs only the tokens a prompt
+does not share with a recent one. Both match the transformers forward (the tests check logits and cache).
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """Reasoning SFT data: bootstrap sampling and iterative refinement (MobileRL §2.1, Appendix B.1).
 
-Bootstrap: an instruct model M proposes K reasoning–action candidates ``c_k → a_k`` for every expert step
-``(x, a*)``; a candidate is kept when ``a_k`` equals ``a*`` (:func:`actions_match`). The kept set trains
-π₀. Refinement: for rounds t = 1…T, π_t proposes K candidates per step, the matching ones are scored by
-π_t's own mean token log-probability, the best explanation replaces the step's current one, and π_{t+1}
-is fine-tuned on the result. The acceptance rate (steps with at least one match / steps) is recorded
-per round.
-
-With real weights, M is an instruct VLM (e.g. Qwen2.5-VL-7B-Instruct behind vLLM). The embedded default
-has none, so :class:`SimTeacher` stands in for it *through the same generation interface*: it reads the
-prompt it is given (task, current app, compressed screen) and explains the expert's next action from the
-simulator's knowledge of its own screens — what the target element is, why the action follows from the
-task — in varied phrasings, and with probability ``p_wrong`` it argues for a plausible *wrong* action
-(another clickable element, a needless scroll, an early finish), so filtering has something to reject.
-``restate_task`` is the share of explanations that restate the whole instruction ("The task: …"): an
-instruct VLM does, but for the tiny model a restated 20-word instruction is mostly a copying exercise it
-fails at (11 % span copy) and then conditions on the wrong goal, so the embedded default keeps thoughts to
-the screen, the target and the reason (``restate_task: 0``).
-``style``: ``prose`` (the above) or ``target``, a thought that names *what* the step acts on in the words
-of the tiny base's pretraining questions (``tap "Stopwatch"``, ``tap "More options" of "Bird song"``,
-``type "…"``, ``open Clock``, ``done``): the answer then follows by the grounding the base already has
-(the embedded default's choice, docs/sft.md).
-The expert action for a prompt is registered with :meth:`SimTeacher.register` before asking.
-
-Histories. The prompt shows the policy's previous responses verbatim, ``<think>`` included (MobileRL §2),
-so a step's training prompt carries the *chosen* explanations of the steps before it
-(:func:`with_history`; an earlier step without one shows its bare ``<answer>``). Proposals are asked
-with the explanations of the current set, and :func:`reasoning_records` renders the final set with its
-own explanations, so every record's history is consistent with the corpus it belongs to.
+Bootstrap: an instruct model M proposes K reasoning + action candidates per expert step; one whose action
+matches the expert's (:func:`actions_match`) is kept; the kept set trains π₀. Refinement, rounds 1…T: π_t
+proposes, its best-scored match (mean token logprob) replaces the step's explanation, π_{t+1} trains on it.
+Without real weights :class:`SimTeacher` is M behind the generation interface: it explains the action
+registered with :meth:`SimTeacher.register` from the screen, argues for a wrong one with probability
+``p_wrong``, restates the task in a share ``restate_task``, and writes ``style`` ``prose`` or ``target``
+(the step's target in the base's pretraining questions; docs/sft.md). Prompts show the chosen
+explanations of earlier steps (:func:`with_history`).
 """
 
 from __future__ import annotations

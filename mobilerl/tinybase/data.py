@@ -1,28 +1,12 @@
 """Screen-reading sequences for the tiny base's pretraining, generated from simulator screens.
 
-Why: a randomly initialised tiny model never learns to *point* (find the line that carries a label and name
-it) or to *copy* (repeat a span of the instruction) from sparse SFT signal on a CPU. Real pipelines start from
-a base VLM pretrained on GUI grounding; this is the equivalent corpus for the tiny model, from the simulator.
-
-A sequence is one screen (:mod:`mobilerl.tinybase.screens`) in the agent's own user prompt, then many
-question/answer turns about it (:func:`make_qas`), in the project tokenizer's chat template:
-
-========  =====================  ===========================================================
-kind      question               answer
-========  =====================  ===========================================================
-ground    ``tap "Save"``         ``do(action="Tap", index=i)`` (marks frame) or its box
-read      ``read "Phone"``       the label of the next labelled line (the value shown next to it)
-checked   ``checked "Wi-Fi"?``   ``yes`` / ``no`` for a switch / checkbox
-app       ``app?``               the foreground app (``Home`` on the launcher)
-find      ``find "Guitar idea"`` the tap if on screen, else the swipe that scrolls towards it
-copy      ``type after "<cue>"`` ``do(action="Type", text=…)`` with the instruction's span after the cue
-type      ``type?``              the expert's ``Type`` at this screen when its text is an instruction span
-act       (the policy's turn)    the expert's next action, ``<answer>…</answer>``, asked first
-========  =====================  ===========================================================
-
-Answer tokens weigh 1 in the loss, other text ``lm_weight``. In a share of sequences (``novel_spans``) every
-instruction span is replaced by random words wherever it occurs, so span copy cannot be answered by recalling
-the train tasks. :func:`encode` also yields the attention-supervision pairs (copied token -> its source).
+A randomly initialised tiny model does not learn to *point* (name the line that carries a label) or to *copy*
+(repeat an instruction span) from sparse SFT signal on a CPU; real pipelines start from a VLM pretrained on
+GUI grounding, and this is the equivalent corpus. A sequence is one screen (:mod:`mobilerl.tinybase.screens`)
+in the agent's own user prompt, then question/answer turns about it (:func:`make_qas`: ground, read, checked,
+app, find, copy, type, and first the policy's own ``act`` turn), in the project tokenizer's chat template.
+Answer tokens weigh 1 in the loss, other text ``lm_weight``; a share ``novel_spans`` of sequences gets random
+words for its instruction spans; :func:`encode` also yields attention-supervision pairs.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Held-out screen-reading probe for the tiny base: grounding, reading, state questions, span copy, next action.
 
-Protocol: probe screens come from the simulator's ``test`` split
-(:func:`mobilerl.tinybase.screens.held_out_states`), whose device seeds and instructions are disjoint from the
-``train`` split that pretraining draws from (the registry redraws train instances whose instruction equals a
-test one). Each probe item is **one** question about a full screen, in the chat format of training.
-
-Scoring: an item is correct iff the model's answer equals the target string exactly (``ground``: the
-same element's box on the 0-999 grid, or its index; ``read``: the same text; ``type``: the same
-``do(action="Type", text=…)``). Two equivalent ways are implemented:
-
-- :func:`score_teacher_forced` — one forward pass; correct iff the argmax at every answer position
-  (answer tokens and the closing ``<|im_end|>``) is the target token. This is exactly "greedy decoding
-  reproduces the answer", at a fraction of the cost, and is what training logs use.
-- :func:`score_generate` — ``model.generate`` greedy decoding from the prompt, then string comparison
-  (and, for ``ground`` in ``bbox`` mode, also whether the tap's centre lands inside the target).
-
-Acceptance figures (``scripts/probe_tiny_base.py``): ``ground`` = grounding exact element, ``read`` =
-reading, ``copy`` = instruction-span copy (``type after "<words>"`` → the ``Type`` action with the span of
-the instruction that follows those words; only spans that end at a punctuation mark, a quote or the end of
-the instruction, :func:`~mobilerl.tinybase.data.well_posed_span`, since the question cannot say where
-any other span stops). ``type`` (the Type action on a screen where the expert types
-a span of the instruction, with no cue) is reported beside them.
+Probe screens come from the simulator's ``test`` split (:func:`mobilerl.tinybase.screens.held_out_states`),
+whose seeds and instructions are disjoint from the ``train`` split of pretraining; an item is one question
+about a full screen, in the training chat format, and is correct iff the answer equals the target exactly.
+:func:`score_teacher_forced` checks in one forward pass that the argmax at every answer position (the
+closing ``<|im_end|>`` included) is the target token, which is greedy decoding reproducing the answer;
+:func:`score_generate` decodes greedily. ``copy`` items use only spans that the question determines
+(:func:`~mobilerl.tinybase.data.well_posed_span`).
 """
 
 from __future__ import annotations
