@@ -216,6 +216,10 @@ class HFBackend:
     def render(self, request: ChatRequest) -> str:
         return render_prompt(self.processor, request)
 
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        """The prompt's token ids exactly as generation encodes them (what a trainer prepends to a response)."""
+        return self._encode([self.render(request)], list(request.images or []))["input_ids"][0].tolist()
+
     def _encode(self, texts: list[str], images: list[Any]) -> dict[str, Any]:
         """Left-padded batch: through the processor when there are images (pixel_values / image_grid_thw),
         else through its tokenizer alone, called as the processor calls it. (The processor validates its

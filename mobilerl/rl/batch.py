@@ -1,0 +1,128 @@
+"""Trajectories → token rows for the update, and the trainer's logprobs of those rows.
+
+A row is one model turn: the prompt the policy saw at that step (rebuilt from the stored step exactly as
+:meth:`~mobilerl.agent.model_policy.ModelPolicy.request` built it: task, every previous response, the step's
+compressed screen), the sampled token ids and their behaviour logprobs (stored by the rollout), and the
+trajectory's advantage. Logprobs are recomputed with :func:`mobilerl.models.logprobs.token_logprobs` on a
+right-padded batch, so the ratio π_θ/π_behaviour starts at 1 on-policy (checked by a test to 1e-4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mobilerl.agent import prompt
+from mobilerl.models.generation import ChatRequest
+from mobilerl.models.logprobs import token_logprobs
+from mobilerl.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How the policy prompted (the profile's generation settings); the rebuild must use the same."""
+
+    obs_mode: str = "xml"
+    prompt_style: str = "compact"
+    max_history: int | None = 4
+    coords: str = "marks"
+    reasoning: bool = False
+
+
+@dataclass
+class Row:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+
+
+def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
+    """The chat request of every step of ``traj`` (text modes only: screenshots are not stored)."""
+    if fmt.obs_mode != "xml":
+        raise ValueError(f"RL rebuilds prompts from stored steps; obs_mode {fmt.obs_mode!r} needs the screenshots")
+    size = traj.meta.get("screen_size") or (1080, 2400)
+    out = []
+    for t, step in enumerate(traj.steps):
+        history = [s.response for s in traj.steps[:t]]
+        messages = prompt.build_messages(
+            traj.instruction, history, prompt.screen_in_frame(step.xml_compressed, size, fmt.coords), app=step.app,
+            mode=fmt.obs_mode, reasoning=fmt.reasoning, max_history=fmt.max_history, style=fmt.prompt_style,
+            coords=fmt.coords)
+        out.append(ChatRequest(messages))
+    return out
+
+
+def trajectory_rows(traj: Trajectory, advantage: float, fmt: PromptFormat,
+                    prompt_ids: Callable[[ChatRequest], list[int]]) -> list[Row]:
+    """One row per step that carries its sampled token ids and logprobs (invalid answers included: their
+    tokens were the policy's action too)."""
+    rows = []
+    for step, req in zip(traj.steps, step_requests(traj, fmt), strict=True):
+        if not step.token_ids or step.logprobs is None:
+            continue
+        rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage)))
+    return rows
+
+
+def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
+    """Rows grouped (longest first) so that a batch's padded size stays within ``max_tokens``."""
+    batches: list[list[Row]] = []
+    for r in sorted(rows, key=lambda r: -_width(r)):
+        # longest first: a batch's first row sets its padded width
+        if batches and (len(batches[-1]) + 1) * _width(batches[-1][0]) <= max_tokens:
+            batches[-1].append(r)
+        else:
+            batches.append([r])
+    return batches
+
+
+def _width(r: Row) -> int:
+    return len(r.prompt_ids) + len(r.response_ids)
+
+
+def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` (B, L); ``positions`` (B, R) of the tokens that predict
+    each response token; ``response_ids``, ``behaviour_logprobs``, ``response_mask`` (B, R); ``advantages`` (B,)."""
+    width = max(_width(r) for r in rows)
+    resp = max(len(r.response_ids) for r in rows)
+    b = len(rows)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    pos = torch.zeros((b, resp), dtype=torch.long)
+    rid = torch.full((b, resp), pad_id, dtype=torch.long)
+    old = torch.zeros((b, resp))
+    rmask = torch.zeros((b, resp))
+    for i, r in enumerate(rows):
+        seq = r.prompt_ids + r.response_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        k = len(r.response_ids)
+        pos[i, :k] = torch.arange(len(r.prompt_ids) - 1, len(seq) - 1)
+        rid[i, :k] = torch.tensor(r.response_ids)
+        old[i, :k] = torch.tensor(r.behaviour_logprobs)
+        rmask[i, :k] = 1
+    return {"input_ids": ids, "attention_mask": mask, "positions": pos, "response_ids": rid,
+            "behaviour_logprobs": old, "response_mask": rmask,
+            "advantages": torch.tensor([r.advantage for r in rows], dtype=torch.float32)}
+
+
+def response_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Logits (B, R, V) at the positions that predict each response token: the decoder's hidden states there
+    through the LM head only (the prompt's other positions need no vocabulary projection)."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    position_ids = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+    hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
+    pos = batch["positions"]
+    picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (B, R, H)
+    return model.lm_head(picked)
+
+
+def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprobs (B, R), logits (B, R, V))`` of the response tokens under ``model`` at ``temperature``
+    (the rollout's: the behaviour logprobs are log_softmax(logits / T))."""
+    logits = response_logits(model, batch)
+    return token_logprobs(logits, batch["response_ids"], temperature), logits

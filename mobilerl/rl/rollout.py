@@ -1,0 +1,104 @@
+"""Rollout workers: persistent processes that hold the policy and run a round's episodes through the episode
+runner, with the trainer's latest weights.
+
+Each worker loads the init checkpoint once; before a round it loads the weights file the trainer wrote if its
+version is newer (an in-place ``load_state_dict``, which also invalidates the backend's prefix cache). The
+episodes of a round are split over the workers task by task; an episode's sampling seed depends on its task,
+trial and the round's base seed only, so the split does not change what is sampled.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mobilerl.env.base import TaskSpec
+from mobilerl.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What a worker needs to build the policy (picklable)."""
+
+    init: str
+    backend: dict[str, Any]
+    obs_mode: str
+    prompt_style: str
+    max_history: int | None
+    coords: str
+    reasoning: bool
+    temperature: float
+    max_new_tokens: int
+    threads: int = 1
+    concurrency: int = 64
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(spec: PolicySpec) -> None:
+    import torch
+
+    from mobilerl.agent.model_policy import ModelPolicy
+    from mobilerl.models.backends import make_backend
+    from mobilerl.models.generation import SamplingConfig
+
+    torch.set_num_threads(spec.threads)
+    backend = make_backend({**spec.backend, "model": spec.init, "name": "adagrpo"})
+    _WORKER.update(spec=spec, backend=backend, version=-1, policy=ModelPolicy(
+        backend, obs_mode=spec.obs_mode, name="adagrpo", reasoning=spec.reasoning, max_history=spec.max_history,
+        prompt_style=spec.prompt_style, coords=spec.coords, reuse_greedy=False,
+        sampling=SamplingConfig(temperature=spec.temperature, max_new_tokens=spec.max_new_tokens, seed=0)))
+
+
+def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float]:
+    tasks, n, base_seed, weights, version = args
+    from mobilerl.eval.runner import evaluate_sync
+
+    t0 = time.perf_counter()
+    if weights is not None and version != _WORKER["version"]:
+        from safetensors.torch import load_file
+
+        _WORKER["backend"].model.load_state_dict(load_file(weights), strict=True)
+        _WORKER["version"] = version
+    sync_s = time.perf_counter() - t0
+    policy = _WORKER["policy"]
+    policy.version = str(version)
+    trajs = evaluate_sync(policy.with_seed, tasks, n_trials=n, base_seed=base_seed, progress=False,
+                          concurrency=_WORKER["spec"].concurrency)
+    return [t.to_dict() for t in trajs], sync_s
+
+
+class RolloutWorkers:
+    """``processes`` spawned workers, each with its own copy of the policy (``PolicySpec``)."""
+
+    def __init__(self, spec: PolicySpec, processes: int = 2) -> None:
+        self.processes = processes
+        self._pool = ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"),
+                                         initializer=_init_worker, initargs=(spec,))
+
+    def run(self, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None = None,
+            version: int = 0) -> tuple[list[Trajectory], float]:
+        """``n`` episodes of every task, in (task, trial) order, with weights ``version`` from ``weights``
+        (None: the init). Returns the trajectories and the slowest worker's weight-loading seconds."""
+        k = max(1, min(self.processes, len(tasks)))
+        shards = [list(tasks[i::k]) for i in range(k)]
+        w = str(weights) if weights is not None else None
+        results = list(self._pool.map(_run_shard, [(s, n, base_seed, w, version) for s in shards]))
+        by_key = {(d["task_id"], d["trial"]): Trajectory.from_dict(d) for r, _ in results for d in r}
+        out = [by_key[(t.task_id, j)] for t in tasks for j in range(n) if (t.task_id, j) in by_key]
+        return out, max(s for _, s in results)
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+    def __enter__(self) -> RolloutWorkers:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
