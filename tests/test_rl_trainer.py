@@ -32,7 +32,7 @@ FMT = PromptFormat(obs_mode="xml", prompt_style="compact", max_history=4, coords
 
 def short_tasks(n: int = 2, max_steps: int = 3):
     tasks = [t for t in list_tasks("world", "train", n=1)][:n]
-    return [dataclasses.replace(t, max_steps=max_steps) for t in tasks]
+    return [dataclasses.replace(t, complexity=max_steps / 10) for t in tasks]  # budget 10 x complexity
 
 
 class Recording:

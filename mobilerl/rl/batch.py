@@ -38,6 +38,7 @@ class Row:
     response_ids: list[int]
     behaviour_logprobs: list[float]
     advantage: float
+    on_policy: bool = True  # False for an AdaPR replay (sampled by an older policy)
 
 
 def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
@@ -57,14 +58,14 @@ def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
 
 
 def trajectory_rows(traj: Trajectory, advantage: float, fmt: PromptFormat,
-                    prompt_ids: Callable[[ChatRequest], list[int]]) -> list[Row]:
+                    prompt_ids: Callable[[ChatRequest], list[int]], on_policy: bool = True) -> list[Row]:
     """One row per step that carries its sampled token ids and logprobs (invalid answers included: their
     tokens were the policy's action too)."""
     rows = []
     for step, req in zip(traj.steps, step_requests(traj, fmt), strict=True):
         if not step.token_ids or step.logprobs is None:
             continue
-        rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage)))
+        rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage), on_policy))
     return rows
 
 
@@ -86,7 +87,8 @@ def _width(r: Row) -> int:
 
 def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``/``attention_mask`` (B, L); ``positions`` (B, R) of the tokens that predict
-    each response token; ``response_ids``, ``behaviour_logprobs``, ``response_mask`` (B, R); ``advantages`` (B,)."""
+    each response token; ``response_ids``, ``behaviour_logprobs``, ``response_mask`` (B, R); ``advantages`` and
+    ``on_policy`` (B,)."""
     width = max(_width(r) for r in rows)
     resp = max(len(r.response_ids) for r in rows)
     b = len(rows)
@@ -107,7 +109,8 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
         rmask[i, :k] = 1
     return {"input_ids": ids, "attention_mask": mask, "positions": pos, "response_ids": rid,
             "behaviour_logprobs": old, "response_mask": rmask,
-            "advantages": torch.tensor([r.advantage for r in rows], dtype=torch.float32)}
+            "advantages": torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+            "on_policy": torch.tensor([r.on_policy for r in rows])}
 
 
 def response_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -62,9 +62,9 @@ def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float]:
 
     t0 = time.perf_counter()
     if weights is not None and version != _WORKER["version"]:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_model
 
-        _WORKER["backend"].model.load_state_dict(load_file(weights), strict=True)
+        load_model(_WORKER["backend"].model, weights, strict=True)  # in place: the prefix cache sees new weights
         _WORKER["version"] = version
     sync_s = time.perf_counter() - t0
     policy = _WORKER["policy"]

@@ -118,14 +118,17 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- update
 
     def batch(self, groups: list[Group], r: int) -> tuple[list[Row], dict[str, float]]:
-        """The update's rows: kept on-policy trajectories, then up to ⌊γ·M⌋ replayed ones (AdaPR)."""
+        """The update's rows: up to ⌊γ·M⌋ replayed trajectories (AdaPR, M the round's configured batch of
+        tasks × n, drawn before this round's push), then the kept on-policy ones."""
         fresh = [(t, a) for g in groups for t, a, k in zip(g.trajectories, g.advantages, g.keep, strict=True)
                  if k > 0]
-        replay = self.buffer.sample(len(fresh)) if self.cfg.adapr else []
+        m = self.cfg.tasks_per_round * self.settings.samples_per_task  # M: the round's on-policy batch
+        replay = self.buffer.sample(m) if self.cfg.adapr else []
         if self.cfg.adapr:
             flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
             self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
-        rows = [row for t, a in replay + fresh for row in trajectory_rows(t, a, self.fmt, self.prompt_ids)]
+        rows = [row for (t, a), on in [*((x, False) for x in replay), *((x, True) for x in fresh)]
+                for row in trajectory_rows(t, a, self.fmt, self.prompt_ids, on)]
         return rows, {"buffer/replayed": float(len(replay)), "train/trajectories": float(len(fresh) + len(replay))}
 
     def update(self, rows: list[Row]) -> dict[str, float]:
@@ -158,8 +161,9 @@ class Trainer:
                     mask = b["response_mask"]
                     ent = entropy_from_logits(logits.detach() / s.temperature)
                     stats["loss/entropy"] += float((ent * mask).sum()) / total_tokens / s.ppo_epochs
-                    if epoch == 0:
-                        gap = ((logp.detach() - b["behaviour_logprobs"]).abs() * mask).max().item()
+                    if epoch == 0:  # the rollout/trainer mismatch, on-policy rows before any step
+                        fresh = mask * b["on_policy"].unsqueeze(1)
+                        gap = ((logp.detach() - b["behaviour_logprobs"]).abs() * fresh).max().item()
                         stats["loss/logprob_gap_max"] = max(stats["loss/logprob_gap_max"], gap)
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
             stats["loss/grad_norm"] += float(gn) / s.ppo_epochs
@@ -210,7 +214,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
           progress: bool = True) -> list[dict[str, float]]:
     """Rounds ``trainer.round`` … ``cfg.rounds - 1``; returns every round's metrics (the curve, resumed runs
     included: earlier rounds come from ``work/curve.jsonl``)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_model
 
     work.mkdir(parents=True, exist_ok=True)
     curve_path = work / "curve.jsonl"
@@ -226,7 +230,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
         sync_s = 0.0
         if r > 0:
             ts = time.perf_counter()
-            save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items()}, str(weights))
+            save_model(trainer.model, str(weights))  # tied embeddings are saved once
             sync_s += time.perf_counter() - ts
         tasks = trainer.sample_tasks(pool, r)
         tr = time.perf_counter()
