@@ -36,7 +36,7 @@ def main() -> None:
     from mobilerl.rl.trainer import run, training_pool
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RLConfig(init=args.init, rounds=args.rounds, tasks_per_round=args.tasks_per_round,
+        cfg = RLConfig(init=args.init, rounds=args.rounds, overrides={"train_batch_size": args.tasks_per_round},
                        templates_max_steps=args.templates_max_steps, work=f"{tmp}/work", out=f"{tmp}/out",
                        checkpoint_every=args.rounds)
         _, curve = run(cfg, ROOT, progress=False)

@@ -129,11 +129,13 @@ run(cfg, Path(sys.argv[2]), progress=False)
 
 
 def _stage_root(tmp: Path) -> Path:
+    """A repo root with task lists: four short world/train tasks, and a test task of each of their templates
+    needing 3, 4, 5 and 6 optimal steps."""
     lists = tmp / "data" / "tasks" / "suites"
     lists.mkdir(parents=True)
-    for split in ("train", "test"):
-        tasks = short_tasks(4)
-        tasks = [dataclasses.replace(t, split=split) for t in tasks]
+    train = short_tasks(4)
+    test = [dataclasses.replace(t, split="test", optimal_steps=3 + i) for i, t in enumerate(train)]
+    for split, tasks in (("train", train), ("test", test)):
         (lists / f"world_{split}.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
     return tmp
 
@@ -144,8 +146,9 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
 
     def cfg(name: str) -> str:
         return json.dumps({"init": str(BASE), "out": f"out_{name}", "work": f"work_{name}", "rounds": 3,
-                           "tasks_per_round": 2, "checkpoint_every": 1, "rollout_processes": 1, "max_batch": 1,
-                           "overrides": {"samples_per_task": 2, "max_new_tokens": 16, "learning_rate": 1e-3}})
+                           "checkpoint_every": 1, "rollout_processes": 1, "max_batch": 1,
+                           "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16,
+                                                   "learning_rate": 1e-3}})
 
     root = _stage_root(tmp_path)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -166,3 +169,18 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rounds = [json.loads(x)["round"] for x in curve.read_text().splitlines()]
     assert rounds == [0, 1, 2]
+
+
+def test_config_names_a_bad_override_and_the_pool_keeps_short_templates(tmp_path):
+    from mobilerl.rl.trainer import training_pool
+
+    with pytest.raises(ValueError, match="rl.overrides: unknown key.*bogus"):
+        RLConfig(overrides={"bogus": 1}).settings()
+    with pytest.raises(ValueError, match="learning_rate"):
+        RLConfig(overrides={"learning_rate": -1.0}).settings()
+    root = _stage_root(tmp_path)
+    assert len(training_pool(RLConfig(), root)) == 4
+    assert [t.task_id for t in training_pool(RLConfig(templates_max_steps=4), root)] == [
+        t.task_id for t in short_tasks(2)]
+    with pytest.raises(ValueError, match="no world/train task"):
+        training_pool(RLConfig(templates_max_steps=2), root)

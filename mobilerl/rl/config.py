@@ -1,6 +1,6 @@
 """The `rl` stage's typed config: what to train from, on which tasks, and which AdaGRPO mechanisms are on.
 
-Hyper-parameters of the optimiser and the mechanisms (learning rate, clip ε, β, n, α, κ, γ, buffer size)
+Hyper-parameters of the optimiser and the mechanisms (learning rate, clip ε, β, tasks a round, n, α, κ, γ, buffer size)
 come from the model profile's ``rl:`` section (``configs/models/<profile>.yaml``); ``overrides`` changes them
 for one run. Every mechanism is a switch here, so an ablation is an override (``rl.adapr=false``).
 """
@@ -28,7 +28,6 @@ class RLConfig(StageConfig):
         None, ge=1, description="Keep templates whose test tasks need at most this many optimal steps (None: all).")
     tasks_per_template: int | None = Field(None, ge=1, description="Train tasks per template in the pool (None: all).")
     rounds: int = Field(100, ge=1, description="Training rounds (rollout + update each).")
-    tasks_per_round: int = Field(16, ge=1, description="Tasks sampled per round; each gets n rollouts.")
     spa: bool = Field(True, description="Shortest-path reward adjustment of successes (§2.2.1).")
     adapr: bool = Field(True, description="Difficulty-adaptive positive replay (§2.2.2).")
     fcf: bool = Field(True, description="Failure curriculum filtering of the task sampling (§2.2.3).")

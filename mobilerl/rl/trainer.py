@@ -109,9 +109,9 @@ class Trainer:
         rng = np.random.default_rng(stable_seed(self.cfg.seed, "tasks", r))
         ids = [t.task_id for t in pool]
         if self.cfg.fcf:
-            chosen = set(self.curriculum.sample(ids, self.cfg.tasks_per_round, rng))
+            chosen = set(self.curriculum.sample(ids, self.settings.train_batch_size, rng))
         else:
-            k = min(len(ids), self.cfg.tasks_per_round)
+            k = min(len(ids), self.settings.train_batch_size)
             chosen = {ids[i] for i in rng.choice(len(ids), size=k, replace=False)}
         return [t for t in pool if t.task_id in chosen]
 
@@ -122,7 +122,7 @@ class Trainer:
         tasks × n, drawn before this round's push), then the kept on-policy ones."""
         fresh = [(t, a) for g in groups for t, a, k in zip(g.trajectories, g.advantages, g.keep, strict=True)
                  if k > 0]
-        m = self.cfg.tasks_per_round * self.settings.samples_per_task  # M: the round's on-policy batch
+        m = self.settings.train_batch_size * self.settings.samples_per_task  # M: the round's on-policy batch
         replay = self.buffer.sample(m) if self.cfg.adapr else []
         if self.cfg.adapr:
             flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
