@@ -3,18 +3,24 @@
 Reads ``data/eval/summary.json`` (one summary per policy × suite; beside it ``offline.json``, the
 checkpoints' offline step accuracy, and ``sampled.json``, the pass@k sampling study) and writes
 ``reports/report.md``, ``reports/figures/*.png`` and ``reports/metrics.json``
-(:func:`mobilerl.eval.report.build_report`); the report folder goes to MLflow as artifacts.
+(:func:`mobilerl.eval.report.build_report`), with the `rl` stage's curve and, per template, the RL init's and the RL
+policy's world/test episodes when they exist; the report folder goes to MLflow as artifacts.
 """
 
 from __future__ import annotations
 
+import json
+
 from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, read_json, write_json
-from mobilerl.eval.report import ReportConfig, build_report
+from mobilerl.eval.report import RL_AFTER, RL_BEFORE, ReportConfig, build_report, template_table
+from mobilerl.trajectory import read_jsonl
 
 SUMMARY = ROOT / "data" / "eval" / "summary.json"
 OFFLINE = ROOT / "data" / "eval" / "offline.json"  # checkpoint policies only; absent in older runs
 SAMPLED = ROOT / "data" / "eval" / "sampled.json"  # the pass@k sampling study (evaluate.pass_k); absent in older runs
+RL_CURVE = ROOT / "data" / "checkpoints" / "adagrpo.curve.jsonl"
+TRAJECTORIES = ROOT / "data" / "eval" / "trajectories"
 REPORTS = ROOT / "reports"
 
 
@@ -23,8 +29,11 @@ def main() -> None:
     summary = read_json(SUMMARY)
     offline = read_json(OFFLINE) if OFFLINE.is_file() else {}
     sampled = read_json(SAMPLED) if SAMPLED.is_file() else {}
+    curve = [json.loads(x) for x in RL_CURVE.read_text().splitlines()] if RL_CURVE.is_file() else []
+    world = {p: read_jsonl(f) for p in (RL_BEFORE, RL_AFTER) if (f := TRAJECTORIES / f"{p}__world.jsonl").is_file()}
     with tracking.stage_run("report", cfg.model_dump()) as run:
-        md, metrics = build_report(summary, cfg, REPORTS / "figures", offline, sampled)
+        md, metrics = build_report(summary, cfg, REPORTS / "figures", offline, sampled, curve,
+                                   template_table(world, RL_BEFORE, RL_AFTER))
         (REPORTS / "report.md").write_text(md)
         metrics["report_mlflow_run_id"] = run.info.run_id
         write_json(REPORTS / "metrics.json", metrics)

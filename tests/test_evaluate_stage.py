@@ -211,3 +211,23 @@ def test_the_random_baseline_is_scored_offline_as_the_floor(tmp_path, monkeypatc
     assert n == sum(len(e.actions) for e in episodes) >= 12 and m["mlflow_run_id"] == "r1"
     assert 0.0 <= m["androidcontrol/high/step_success_rate"] < 0.15  # random taps rarely hit the expert's element
     assert m["androidcontrol/high/invalid_rate"] == 0.0
+
+
+def test_report_shows_the_rl_curve_and_templates_before_and_after(tmp_path):
+    from mobilerl.eval.report import ReportConfig, build_report, template_table
+    from mobilerl.trajectory import StepRecord, Trajectory
+
+    def traj(template, policy, success, steps):
+        return Trajectory(task_id=f"world/test/{template}/0", template=template, success=success, policy=policy,
+                          steps=[StepRecord(index=i, response="") for i in range(steps)])
+
+    curve = [{"round": r, "rollout/success": 0.02 if r < 5 else 0.08} for r in range(12)]
+    trajs = {"sft_reasoning_free": [traj("A", "x", False, 9), traj("B", "x", True, 6)],
+             "adagrpo": [traj("A", "y", True, 4), traj("B", "y", True, 3)]}
+    table = template_table(trajs, "sft_reasoning_free", "adagrpo")
+    assert table["A"]["adagrpo"] == {"n": 1, "solved": 1, "steps": [4]}
+    md, metrics = build_report({}, ReportConfig(), tmp_path, rl_curve=curve, rl_templates=table)
+    assert "| A | 0/1 (–) | 1/1 (4.0) |" in md and "| B | 1/1 (6.0) | 1/1 (3.0) |" in md
+    assert (tmp_path / "rl_curve.png").is_file()
+    assert metrics["rl"]["success_first5"] == pytest.approx(0.02)
+    assert metrics["rl"]["success_last5"] == pytest.approx(0.08)

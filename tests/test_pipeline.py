@@ -104,6 +104,8 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         assert all(r["status"] == "ran" for r in summary["stages"])
         report = (work / "reports" / "report.md").read_text()
         assert "| oracle |" in report and "| random |" in report
+        assert "## AdaGRPO (the `rl` stage)" in report and "2 rounds" in report
+        assert (work / "data" / "checkpoints" / "adagrpo" / "model.safetensors").is_file()
         # MLflow: the parent run with one nested run per stage (and the evaluate sub-runs)
         import mlflow
 

@@ -277,8 +277,89 @@ def plot_sampled(sampled: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
 
 
 def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: dict | None = None,
-                 sampled: dict | None = None) -> tuple[str, dict]:
-    """The report's figures (written into ``figures_dir``), its Markdown and its metrics JSON."""
+                 sampled: dict | None = None, rl_curve: list[dict] | None = None,
+                 rl_templates: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict]:
+    """The report's figures (written into ``figures_dir``), its Markdown and its metrics JSON; with the `rl`
+    stage's curve, its section (:func:`rl_section`, before = the RL init ``RL_BEFORE``)."""
     figures = plot(summary, cfg, figures_dir) + plot_sampled(sampled or {}, cfg, figures_dir)
     md = render_markdown(summary, cfg, figures, offline, sampled)
-    return md, metrics_json(summary, cfg, offline, sampled)
+    metrics = metrics_json(summary, cfg, offline, sampled)
+    if rl_curve:
+        fig = plot_rl_curve(rl_curve, figures_dir)
+        lines = rl_section(rl_curve, rl_templates or {}, RL_BEFORE, RL_AFTER, fig and Path(fig).name)
+        md = md.rstrip("\n") + "\n\n" + "\n".join(lines)
+        first, last = rl_curve[:5], rl_curve[-5:]
+        metrics["rl"] = {"rounds": len(rl_curve),
+                         "success_first5": sum(c["rollout/success"] for c in first) / len(first),
+                         "success_last5": sum(c["rollout/success"] for c in last) / len(last)}
+    return md, metrics
+
+
+RL_BEFORE, RL_AFTER = "sft_reasoning_free", "adagrpo"  # the `rl` stage's init and its policy
+
+
+def template_table(trajs: dict[str, list], before: str, after: str) -> dict[str, dict[str, Any]]:
+    """Per template of world/test: tasks solved and mean steps of the successes, for two policies' trajectories
+    (``trajs[policy]``, :class:`~mobilerl.trajectory.Trajectory` lists)."""
+    out: dict[str, dict[str, Any]] = {}
+    for policy in (before, after):
+        for t in trajs.get(policy, []):
+            row = out.setdefault(t.template, {}).setdefault(policy, {"n": 0, "solved": 0, "steps": []})
+            row["n"] += 1
+            if t.success:
+                row["solved"] += 1
+                row["steps"].append(t.n_steps)
+    return out
+
+
+def rl_section(curve: list[dict], templates: dict[str, dict[str, Any]], before: str, after: str,
+               figure: str | None) -> list[str]:
+    """The RL stage: its training curve (on-policy success before SPA, moving average over 10 rounds), and per
+    template the tasks solved and the mean steps of successes before and after RL (templates either solved)."""
+    if not curve:
+        return []
+    first = [c["rollout/success"] for c in curve[:5]]
+    last = [c["rollout/success"] for c in curve[-5:]]
+    lines = ["## AdaGRPO (the `rl` stage)", "",
+             f"{len(curve)} rounds; on-policy success (binary, before SPA) {_pct(sum(first) / len(first))} % over "
+             f"the first 5 rounds, {_pct(sum(last) / len(last))} % over the last 5.", ""]
+    if figure:
+        lines += [f"![training curve](figures/{figure})", ""]
+
+    def cell(r: dict | None) -> str:
+        if not r:
+            return "–"
+        steps = f"{sum(r['steps']) / len(r['steps']):.1f}" if r["steps"] else "–"
+        return f"{r['solved']}/{r['n']} ({steps})"
+
+    rows = [(k, v) for k, v in sorted(templates.items())
+            if any(v.get(p, {}).get("solved") for p in (before, after))]
+    if rows:
+        lines += ["Per template (world/test, greedy): tasks solved and, in brackets, mean steps of the successes.",
+                  "", f"| template | {before} | {after} |", "|---|---|---|"]
+        lines += [f"| {k} | {cell(v.get(before))} | {cell(v.get(after))} |" for k, v in rows]
+        lines.append("")
+    return lines
+
+
+def plot_rl_curve(curve: list[dict], outdir: Path) -> str | None:
+    """``rl_curve.png``: per-round on-policy success and its 10-round moving average."""
+    if not curve:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    r = [c["round"] for c in curve]
+    s = np.array([c["rollout/success"] for c in curve]) * 100
+    w = min(10, len(s))
+    ma = np.convolve(s, np.ones(w) / w, mode="valid")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(r, s, alpha=0.35, label="per round")
+    ax.plot(r[w - 1:], ma, label=f"{w}-round mean")
+    ax.set_xlabel("round")
+    ax.set_ylabel("on-policy success (%)")
+    ax.legend()
+    return _save(fig, ax, "AdaGRPO training curve", outdir / "rl_curve.png")
