@@ -10,9 +10,8 @@ training as `sft_reasoning_free` (:func:`mobilerl.sft.train.train`). Metrics: ``
 
 from __future__ import annotations
 
-from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, write_json
-from mobilerl.sft.train import SFTConfig, train
+from mobilerl.sft.train import SFTConfig, summary_line, train_registered
 
 CHECKPOINTS = ROOT / "data" / "checkpoints"
 SECTION = "sft_reasoning"
@@ -21,15 +20,9 @@ SECTION = "sft_reasoning"
 def main() -> None:
     cfg = load_params(SECTION, SFTConfig)
     out = CHECKPOINTS / SECTION
-    with tracking.stage_run(SECTION, cfg.model_dump()) as run_:
-        metrics = train(cfg, out)
-        metrics["registered_version"] = tracking.register_model(out, cfg.registered_model, cfg.alias)
-        metrics["mlflow_run_id"] = run_.info.run_id
+    metrics = train_registered(SECTION, cfg, out)
     write_json(CHECKPOINTS / f"{SECTION}.json", metrics)
-    tps = metrics["tokens_per_s"]
-    print(f"{SECTION}: loss {metrics['first_loss']:.3f} -> {metrics['final_loss']:.3f} in {metrics['steps']} steps, "
-          f"{metrics['wall_s']:.0f}s, {tps:.0f} tokens/s; registered {cfg.registered_model}@{cfg.alias} "
-          f"v{metrics['registered_version']}")
+    print(summary_line(SECTION, cfg, metrics))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, write_json
-from mobilerl.sft.train import SFTConfig, train
+from mobilerl.sft.train import SFTConfig, summary_line, train_registered
 
 CHECKPOINTS = ROOT / "data" / "checkpoints"
 
@@ -26,15 +25,9 @@ def main() -> None:
     section = sys.argv[1] if len(sys.argv) > 1 else "sft_reasoning_free"
     cfg = load_params(section, SFTConfig)
     out = CHECKPOINTS / section
-    with tracking.stage_run(section, cfg.model_dump()) as run_:
-        metrics = train(cfg, out)
-        metrics["registered_version"] = tracking.register_model(out, cfg.registered_model, cfg.alias)
-        metrics["mlflow_run_id"] = run_.info.run_id
+    metrics = train_registered(section, cfg, out)
     write_json(CHECKPOINTS / f"{section}.json", metrics)
-    tps = metrics["tokens_per_s"]
-    print(f"{section}: loss {metrics['first_loss']:.3f} -> {metrics['final_loss']:.3f} in {metrics['steps']} steps, "
-          f"{metrics['wall_s']:.0f}s, {tps:.0f} tokens/s; registered {cfg.registered_model}@{cfg.alias} "
-          f"v{metrics['registered_version']}")
+    print(summary_line(section, cfg, metrics))
 
 
 if __name__ == "__main__":

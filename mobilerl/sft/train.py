@@ -113,3 +113,19 @@ def random_init_like(base: Path, where: Path) -> Path:
     model = tiny.build_model(tiny.TinyShape(**recorded["model"]), processor.tokenizer, seed=recorded["train"]["seed"] + 1)
     tiny.save(model, processor, where, extra={"profile": recorded, "random_init_of": rel(base)})
     return where
+
+
+def train_registered(section: str, cfg: SFTConfig, out: Path) -> dict[str, Any]:
+    """An SFT stage's run: :func:`train` into ``out`` inside the stage's MLflow run, the checkpoint registered
+    under ``cfg.alias``; returns the metrics (with the registered version and the run id)."""
+    with tracking.stage_run(section, cfg.model_dump()) as run_:
+        metrics = train(cfg, out)
+        metrics["registered_version"] = tracking.register_model(out, cfg.registered_model, cfg.alias)
+        metrics["mlflow_run_id"] = run_.info.run_id
+    return metrics
+
+
+def summary_line(section: str, cfg: SFTConfig, m: dict[str, Any]) -> str:
+    return (f"{section}: loss {m['first_loss']:.3f} -> {m['final_loss']:.3f} in {m['steps']} steps, "
+            f"{m['wall_s']:.0f}s, {m['tokens_per_s']:.0f} tokens/s; registered {cfg.registered_model}@{cfg.alias} "
+            f"v{m['registered_version']}")
