@@ -20,8 +20,16 @@ from mobilerl.env.sim.tasks import list_tasks
 from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.generation import SamplingConfig
 from mobilerl.models.hf_backend import HFBackend
-from mobilerl.rl.batch import PromptFormat, collate, rows_logprobs, step_requests, trajectory_rows
+from mobilerl.rl.batch import (
+    PromptFormat,
+    collate,
+    micro_batches,
+    rows_logprobs,
+    step_requests,
+    trajectory_rows,
+)
 from mobilerl.rl.config import RLConfig
+from mobilerl.rl.loss import policy_loss
 from mobilerl.rl.trainer import Trainer, make_groups, score_groups
 from mobilerl.trajectory import Trajectory
 
@@ -76,6 +84,31 @@ def test_recomputed_logprobs_equal_the_rollouts(rollouts):
     assert gap < 1e-4, f"trainer and rollout logprobs differ by {gap}"
 
 
+def test_identical_sequences_share_one_forward_and_the_gradient_is_unchanged(rollouts):
+    backend, _, trajs = rollouts
+    rows = [r for t in trajs for r in trajectory_rows(t, 1.0, FMT, backend.prompt_ids)]
+    replays = [dataclasses.replace(r, behaviour_logprobs=[lp - 0.3 for lp in r.behaviour_logprobs], advantage=-0.5,
+                                   on_policy=False) for r in rows]  # same tokens, an older policy's logprobs
+    mixed = rows + replays
+    batches = micro_batches(mixed, 4096)
+    assert sum(len(mb) for mb in batches) == len(mixed)
+    assert sum(collate(mb, 0)["input_ids"].shape[0] for mb in batches) == len({
+        (tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows})  # each distinct sequence forwarded once
+    model = HFBackend.from_pretrained(BASE, device="cpu").model
+
+    def grads(groups):
+        model.zero_grad()
+        for g in groups:
+            b = collate(g, backend.pad_id)
+            logp, _ = rows_logprobs(model, b, 1.0)
+            loss, _ = policy_loss(logp, b["behaviour_logprobs"], b["advantages"], b["response_mask"], kl_coef=0.0)
+            (loss * b["response_mask"].sum()).backward()  # token-mean x tokens: the batches' sum
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    shared, alone = grads(batches), grads([[r] for r in mixed])
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(shared, alone, strict=True))
+
+
 def _trainer(backend, **overrides) -> Trainer:
     cfg = RLConfig(overrides={"kl_coef": 0.0, "learning_rate": 1e-3, **overrides})
     model = HFBackend.from_pretrained(BASE, device="cpu").model  # a fresh copy: the fixture's stays as sampled
@@ -103,6 +136,25 @@ def test_replayed_samples_use_their_stored_logprobs(rollouts):
     assert [lp for r in rows for lp in r.behaviour_logprobs] == [lp for s in old.steps for lp in s.logprobs]
     stats = trainer.update(rows)
     assert stats["loss/ratio_mean"] > 1.5  # exp(0.5): the ratio is taken against the stored logprobs
+
+
+def test_reference_logprobs_are_computed_once_and_kept_with_a_buffered_trajectory(rollouts):
+    backend, _, trajs = rollouts
+    trainer = _trainer(backend, kl_coef=0.01)
+    t = Trajectory.from_dict(trajs[0].to_dict())
+    rows = trajectory_rows(t, 1.0, FMT, backend.prompt_ids)
+    trainer.reference_logprobs(rows)
+    with torch.no_grad():
+        direct, _ = rows_logprobs(trainer.ref, collate(rows, backend.pad_id), 1.0)
+    got = torch.tensor([lp for r in rows for lp in r.ref_logprobs])
+    assert torch.allclose(got, direct[collate(rows, backend.pad_id)["response_mask"] > 0], atol=1e-5)
+    t.meta["ref_logprobs"] = [[0.0] * len(r.response_ids) for r in rows]  # stored by an earlier round
+    trainer.buffer.push([t], [1.0], round=0)
+    restored = _trainer(backend, kl_coef=0.01)
+    restored.load_state_dict(trainer.state_dict())
+    replay, _ = restored.batch([], 1)
+    restored.reference_logprobs(replay)  # nothing left to compute: the stored values stay
+    assert [lp for r in replay for lp in r.ref_logprobs] == [0.0] * sum(len(r.response_ids) for r in rows)
 
 
 def test_env_failures_are_dropped_not_scored_and_all_failed_groups_give_no_loss():
@@ -169,6 +221,7 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rounds = [json.loads(x)["round"] for x in curve.read_text().splitlines()]
     assert rounds == [0, 1, 2]
+    assert not (root / "work_b" / "state.pt").exists()  # its buffer's unmasked trajectories are gone with the run
 
 
 def test_config_names_a_bad_override_and_the_pool_keeps_short_templates(tmp_path):

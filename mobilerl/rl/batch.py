@@ -18,6 +18,7 @@ import torch
 from mobilerl.agent import prompt
 from mobilerl.models.generation import ChatRequest
 from mobilerl.models.logprobs import token_logprobs
+from mobilerl.rl.loss import entropy_from_logits
 from mobilerl.trajectory import Trajectory
 
 
@@ -39,6 +40,7 @@ class Row:
     behaviour_logprobs: list[float]
     advantage: float
     on_policy: bool = True  # False for an AdaPR replay (sampled by an older policy)
+    ref_logprobs: list[float] | None = None  # under the frozen reference policy, once computed
 
 
 def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
@@ -60,25 +62,39 @@ def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
 def trajectory_rows(traj: Trajectory, advantage: float, fmt: PromptFormat,
                     prompt_ids: Callable[[ChatRequest], list[int]], on_policy: bool = True) -> list[Row]:
     """One row per step that carries its sampled token ids and logprobs (invalid answers included: their
-    tokens were the policy's action too)."""
+    tokens were the policy's action too); reference logprobs from ``traj.meta["ref_logprobs"]`` when a
+    previous round stored them there (a replayed trajectory's are fixed: the reference policy is frozen)."""
     rows = []
     for step, req in zip(traj.steps, step_requests(traj, fmt), strict=True):
         if not step.token_ids or step.logprobs is None:
             continue
         rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage), on_policy))
+    cached = traj.meta.get("ref_logprobs")
+    if cached is not None and len(cached) == len(rows):
+        for row, ref in zip(rows, cached, strict=True):
+            row.ref_logprobs = ref
     return rows
 
 
 def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
-    """Rows grouped (longest first) so that a batch's padded size stays within ``max_tokens``."""
-    batches: list[list[Row]] = []
-    for r in sorted(rows, key=lambda r: -_width(r)):
-        # longest first: a batch's first row sets its padded width
-        if batches and (len(batches[-1]) + 1) * _width(batches[-1][0]) <= max_tokens:
-            batches[-1].append(r)
+    """Rows grouped (longest first) so that a batch's padded forward stays within ``max_tokens``. Rows with the
+    same prompt and response ids (a confident policy repeats itself; replays repeat earlier rounds) share one
+    forward, so they go into the same batch and count once."""
+    same: dict[tuple[tuple[int, ...], tuple[int, ...]], list[Row]] = {}
+    for r in rows:
+        same.setdefault(_key(r), []).append(r)
+    batches: list[list[list[Row]]] = []
+    for group in sorted(same.values(), key=lambda g: -_width(g[0])):
+        # longest first: a batch's first sequence sets its padded width
+        if batches and (len(batches[-1]) + 1) * _width(batches[-1][0][0]) <= max_tokens:
+            batches[-1].append(group)
         else:
-            batches.append([r])
-    return batches
+            batches.append([group])
+    return [[r for group in b for r in group] for b in batches]
+
+
+def _key(r: Row) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(r.prompt_ids), tuple(r.response_ids)
 
 
 def _width(r: Row) -> int:
@@ -86,46 +102,66 @@ def _width(r: Row) -> int:
 
 
 def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` (B, L); ``positions`` (B, R) of the tokens that predict
-    each response token; ``response_ids``, ``behaviour_logprobs``, ``response_mask`` (B, R); ``advantages`` and
-    ``on_policy`` (B,)."""
-    width = max(_width(r) for r in rows)
+    """The forward over the U distinct sequences of ``rows``: right-padded ``input_ids``/``attention_mask``
+    (U, L), ``positions`` (U, R) of the tokens that predict each response token, ``response_ids`` (U, R). Per
+    row: ``seq`` (B,) the index of its sequence, ``behaviour_logprobs`` and ``response_mask`` (B, R),
+    ``advantages`` and ``on_policy`` (B,), and ``ref_logprobs`` (B, R) when every row has them."""
+    index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    seq = [index.setdefault(_key(r), len(index)) for r in rows]
+    uniq = {i: r for r, i in zip(rows, seq, strict=True)}
+    uniq_rows = [uniq[i] for i in range(len(index))]
+    width = max(_width(r) for r in uniq_rows)
     resp = max(len(r.response_ids) for r in rows)
-    b = len(rows)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    pos = torch.zeros((b, resp), dtype=torch.long)
-    rid = torch.full((b, resp), pad_id, dtype=torch.long)
+    u, b = len(uniq_rows), len(rows)
+    ids = torch.full((u, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((u, width), dtype=torch.long)
+    pos = torch.zeros((u, resp), dtype=torch.long)
+    rid = torch.full((u, resp), pad_id, dtype=torch.long)
+    for i, r in enumerate(uniq_rows):
+        full = r.prompt_ids + r.response_ids
+        ids[i, : len(full)] = torch.tensor(full)
+        mask[i, : len(full)] = 1
+        k = len(r.response_ids)
+        pos[i, :k] = torch.arange(len(r.prompt_ids) - 1, len(full) - 1)
+        rid[i, :k] = torch.tensor(r.response_ids)
     old = torch.zeros((b, resp))
+    ref = torch.zeros((b, resp))
     rmask = torch.zeros((b, resp))
     for i, r in enumerate(rows):
-        seq = r.prompt_ids + r.response_ids
-        ids[i, : len(seq)] = torch.tensor(seq)
-        mask[i, : len(seq)] = 1
         k = len(r.response_ids)
-        pos[i, :k] = torch.arange(len(r.prompt_ids) - 1, len(seq) - 1)
-        rid[i, :k] = torch.tensor(r.response_ids)
         old[i, :k] = torch.tensor(r.behaviour_logprobs)
+        if r.ref_logprobs is not None:
+            ref[i, :k] = torch.tensor(r.ref_logprobs)
         rmask[i, :k] = 1
-    return {"input_ids": ids, "attention_mask": mask, "positions": pos, "response_ids": rid,
-            "behaviour_logprobs": old, "response_mask": rmask,
-            "advantages": torch.tensor([r.advantage for r in rows], dtype=torch.float32),
-            "on_policy": torch.tensor([r.on_policy for r in rows])}
+    out = {"input_ids": ids, "attention_mask": mask, "positions": pos, "response_ids": rid,
+           "seq": torch.tensor(seq, dtype=torch.long), "behaviour_logprobs": old, "response_mask": rmask,
+           "advantages": torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+           "on_policy": torch.tensor([r.on_policy for r in rows])}
+    if all(r.ref_logprobs is not None for r in rows):
+        out["ref_logprobs"] = ref  # (B, R)
+    return out
 
 
 def response_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits (B, R, V) at the positions that predict each response token: the decoder's hidden states there
+    """Logits (U, R, V) at the positions that predict each response token: the decoder's hidden states there
     through the LM head only (the prompt's other positions need no vocabulary projection)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     position_ids = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
     hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
     pos = batch["positions"]
-    picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (B, R, H)
+    picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (U, R, H)
     return model.lm_head(picked)
 
 
-def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logprobs (B, R), logits (B, R, V))`` of the response tokens under ``model`` at ``temperature``
-    (the rollout's: the behaviour logprobs are log_softmax(logits / T))."""
+def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float,
+                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprobs (B, R), entropy (B, R) or None)`` of every row's response tokens under ``model`` at
+    ``temperature`` (the rollout's: behaviour logprobs are log_softmax(logits / T)); one forward per distinct
+    sequence, spread to its rows (their gradients add up)."""
     logits = response_logits(model, batch)
-    return token_logprobs(logits, batch["response_ids"], temperature), logits
+    logp = token_logprobs(logits, batch["response_ids"], temperature)[batch["seq"]]
+    if not entropy:
+        return logp, None
+    with torch.no_grad():
+        ent = entropy_from_logits(logits.detach() / temperature)[batch["seq"]]
+    return logp, ent

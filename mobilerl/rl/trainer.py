@@ -31,7 +31,7 @@ from mobilerl.rl.adapr import PositiveReplay
 from mobilerl.rl.batch import PromptFormat, Row, collate, micro_batches, rows_logprobs, trajectory_rows
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.fcf import FailureCurriculum
-from mobilerl.rl.loss import entropy_from_logits, group_advantages, policy_loss, prune_negatives
+from mobilerl.rl.loss import group_advantages, policy_loss, prune_negatives
 from mobilerl.rl.spa import shortest_path_rewards
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -127,15 +127,31 @@ class Trainer:
         if self.cfg.adapr:
             flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
             self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
-        rows = [row for (t, a), on in [*((x, False) for x in replay), *((x, True) for x in fresh)]
-                for row in trajectory_rows(t, a, self.fmt, self.prompt_ids, on)]
+        per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on))
+                    for (t, a), on in [*((x, False) for x in replay), *((x, True) for x in fresh)]]
+        rows = [row for _, rs in per_traj for row in rs]
+        if self.ref is not None:
+            self.reference_logprobs(rows)
+            for t, rs in per_traj:  # a buffered trajectory keeps them for its replays (and the resume state)
+                t.meta["ref_logprobs"] = [row.ref_logprobs for row in rs]
         return rows, {"buffer/replayed": float(len(replay)), "train/trajectories": float(len(fresh) + len(replay))}
+
+    @torch.no_grad()
+    def reference_logprobs(self, rows: list[Row]) -> None:
+        """Fill ``ref_logprobs`` of the rows that lack them, under the frozen reference policy."""
+        todo = [r for r in rows if r.ref_logprobs is None]
+        for mb in micro_batches(todo, self.cfg.micro_batch_tokens):
+            ref, _ = rows_logprobs(self.ref, collate(mb, self.pad_id), self.settings.temperature)
+            for r, lp in zip(mb, ref.tolist(), strict=True):
+                r.ref_logprobs = lp[: len(r.response_ids)]
 
     def update(self, rows: list[Row]) -> dict[str, float]:
         """``ppo_epochs`` optimiser steps over ``rows`` (micro-batches accumulated into one step each)."""
         if not rows:
             return {}
         s = self.settings
+        if self.ref is not None:
+            self.reference_logprobs(rows)
         total_tokens = sum(len(r.response_ids) for r in rows)
         stats: dict[str, float] = defaultdict(float)
         self.model.train()
@@ -143,11 +159,10 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in micro_batches(rows, self.cfg.micro_batch_tokens):
                 b = collate(mb, self.pad_id)
-                logp, logits = rows_logprobs(self.model, b, s.temperature)
-                ref = None
-                if self.ref is not None:
-                    with torch.no_grad():
-                        ref, _ = rows_logprobs(self.ref, b, s.temperature)
+                if epoch == 0:
+                    stats["train/sequences"] += float(b["input_ids"].shape[0])  # distinct forwards
+                logp, ent = rows_logprobs(self.model, b, s.temperature, entropy=True)
+                ref = b.get("ref_logprobs")
                 loss, m = policy_loss(logp, b["behaviour_logprobs"], b["advantages"], b["response_mask"], ref,
                                       clip_eps=s.clip_ratio, kl_coef=s.kl_coef, agg=self.cfg.aggregation)
                 n_tok = float(b["response_mask"].sum())
@@ -159,7 +174,6 @@ class Trainer:
                     stats[f"loss/{k}"] += v * w
                 with torch.no_grad():
                     mask = b["response_mask"]
-                    ent = entropy_from_logits(logits.detach() / s.temperature)
                     stats["loss/entropy"] += float((ent * mask).sum()) / total_tokens / s.ppo_epochs
                     if epoch == 0:  # the rollout/trainer mismatch, on-policy rows before any step
                         fresh = mask * b["on_policy"].unsqueeze(1)
@@ -343,6 +357,10 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
         trainer.model.save_pretrained(out)
         backend.processor.save_pretrained(out)
     (out / "curriculum.json").write_text(json.dumps(trainer.curriculum.state_dict(), indent=1) + "\n")
+    # the resume state holds the replay buffer's unmasked trajectories (exact prompts and sampled tokens):
+    # it lives only while the run can still be resumed
+    for name in ("state.pt", "policy.safetensors"):
+        (work / name).unlink(missing_ok=True)
     first = [c["rollout/success"] for c in curve[:5]]
     last = [c["rollout/success"] for c in curve[-5:]]
     return {"rounds": len(curve), "pool": len(pool), "wall_s": wall, "init": cfg.init,
