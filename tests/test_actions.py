@@ -145,6 +145,7 @@ HARNESS_ACCEPTS = [
     ('Thought: the list ends here.\nAction: do(action="Swipe", direction="up", dist="long")',
      Action("Swipe", direction="up", dist="long")),
     ('Action: finish(message="done")', Action("Finish", message="done")),
+    ('<ans>do(action="Type", text="Next Action: go")</ans>', Action("Type", text="Next Action: go")),
     ('do(action="Type", text="say "hi" now")', Action("Type", text='say "hi" now')),
     ('<answer>finish(message="The "Work" list")</answer>', Action("Finish", message='The "Work" list')),
     ('do(action="Type", text="line one\nline two")', Action("Type", text="line one\nline two")),  # raw newline

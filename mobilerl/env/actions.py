@@ -180,7 +180,7 @@ _FENCE_RE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
 # the last line of a fenced block (AndroidLab's "* Operation:" block); the call after "Action:".
 _HARNESS_ANSWER_RE = re.compile(r"<(answer|ans)>(.*?)(?:</\1>|$)", re.DOTALL)
 _HARNESS_FENCE_RE = re.compile(r"```.*?([\s\S]+?)```")
-_ACTION_LINE_RE = re.compile(r"Action:\s*(.*)")
+_ACTION_PREFIX_RE = re.compile(r"^\s*Action:\s*")
 # A text= / message= string that ends the call runs to the first '")' (MobileRL's v4 executor).
 _LAST_STRING_RE = re.compile(r'^(.*?\b(?:text|message)\s*=\s*)"(.*?)"(\s*\).*)$', re.DOTALL)
 _NEXT_ARG_RE = re.compile(r'"\s*,\s*[A-Za-z_]\w*\s*=')  # `", app="…`: another argument, not an inner quote
@@ -206,11 +206,12 @@ def harness_body(text: str) -> str:
     """The action text the official harnesses would execute from a response.
 
     MobileRL (``android_lab/evaluation``): the ``<answer>`` or ``<ans>`` body, also when unterminated; else
-    what follows ``</think>``. AndroidLab (``evaluation/definition.py``, ``page_executor``): the last line of
-    the first fenced block, then the line holding ``Action:``. MobileRL's v4 executor: quotes inside a
-    ``text=``/``message=`` string that ends the call are the text's own, unless one is followed by
-    ``, name=`` (MobileRL would type ``a", clear="yes``; that is a malformed argument list). Leading zeros (``[012, …]``) and
-    raw newlines in strings are handled by :func:`_parse_call` with ``lenient=True``.
+    what follows ``</think>``. AndroidLab (``evaluation/definition.py``, ``page_executor``): the last line
+    of the first fenced block; of several lines, the first holding ``Action:``, read without that label.
+    MobileRL's v4 executor: quotes inside a ``text=``/``message=`` string that ends the call are the text's
+    own, unless one is followed by ``, name=`` (MobileRL would type ``a", clear="yes``; here that is a
+    malformed argument list). Leading zeros (``[012, …]``) and raw newlines in strings are handled by
+    :func:`_parse_call` with ``lenient=True``.
     """
     m = _HARNESS_ANSWER_RE.search(text)
     if m is not None:
@@ -221,10 +222,10 @@ def harness_body(text: str) -> str:
     fence = _HARNESS_FENCE_RE.search(body)
     if fence is not None:
         body = fence.group(1).strip().split("\n")[-1]
-    line = _ACTION_LINE_RE.search(body)
-    if line is not None:
-        body = line.group(1)
-    body = body.strip()
+    lines = body.strip().split("\n")
+    if len(lines) > 1:
+        body = next((line for line in lines if "Action:" in line), body)
+    body = _ACTION_PREFIX_RE.sub("", body).strip()
     last = _LAST_STRING_RE.match(body)
     if last is not None and not _NEXT_ARG_RE.search(last.group(2)):
         head, value, tail = last.groups()
