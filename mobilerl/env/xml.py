@@ -1,11 +1,13 @@
 """UI-XML compression for the agent's observation (MobileRL Appendix C).
 
 A uiautomator dump (from a device or the simulator) becomes one line per kept node, in document order:
-``Class;flags;label;[x1,y1][x2,y2]``, e.g. ``Switch;checkable checked;ON;[888,460][1032,580]``. Off-screen
-nodes (zero area, or not inside the screen and their parent) go with their subtree unless
-``keep_offscreen``; of the rest a node is kept iff one of checkable, checked, clickable, focusable,
-scrollable, long-clickable, password, selected is true (``flags``, in this order) or it has a label: its
-text, content-desc, or ``text | desc`` when they differ, newlines as ``\\n``. Missing attributes count as
+``Class;flags;label;[x1,y1][x2,y2]``, e.g. ``Switch;checkable checked;ON;[888,460][1032,580]``. A node is
+kept iff it is on screen and one of checkable, checked, clickable, focusable, scrollable, long-clickable,
+password, selected is true (``flags``, in this order) or it has a label: its text, content-desc, or
+``text | desc`` when they differ, newlines as ``\\n``. On screen means non-zero area, inside the screen and
+inside the nearest kept ancestor; ``keep_offscreen`` keeps the rest too. A dropped node takes only itself
+away: its children are judged on their own against the nearest kept ancestor, as AndroidLab's and
+MobileRL's compressors do (a chat bubble overhanging its row stays visible). Missing attributes count as
 false; malformed XML raises ``ValueError``. ``numbered=True`` prefixes ``[i]`` for Set-of-Mark grounding;
 :func:`compress_nodes` returns the kept nodes, so an index maps back to its bounds.
 """
@@ -96,24 +98,20 @@ def compress_nodes(
     screen: Box = (0, 0, width, height)
     out: list[UINode] = []
 
-    def visit(node: ET.Element, parent: Box) -> None:
+    def visit(node: ET.Element, ref: Box) -> None:
+        """``ref``: the box of the nearest kept on-screen ancestor (the screen at the top)."""
         b = _bounds(node.get("bounds"))
-        if b is None:
-            # No usable bounds: nothing to tap; its children are judged against the parent's box.
-            for c in node:
-                if c.tag == "node":
-                    visit(c, parent)
-            return
-        onscreen = b[2] > b[0] and b[3] > b[1] and _inside(b, screen) and _inside(b, parent)
-        if not onscreen and not keep_offscreen:
-            return
-        flags = tuple(f for f in FLAGS if node.get(f) == "true")
-        label = _label(node.get("text") or "", node.get("content-desc") or "")
-        if flags or label:
-            out.append(UINode((node.get("class") or "View").rsplit(".", 1)[-1], flags, label, b))
+        kept_here = False
+        if b is not None:
+            onscreen = b[2] > b[0] and b[3] > b[1] and _inside(b, screen) and _inside(b, ref)
+            flags = tuple(f for f in FLAGS if node.get(f) == "true")
+            label = _label(node.get("text") or "", node.get("content-desc") or "")
+            if (onscreen or keep_offscreen) and (flags or label):
+                out.append(UINode((node.get("class") or "View").rsplit(".", 1)[-1], flags, label, b))
+                kept_here = onscreen
         for c in node:
             if c.tag == "node":
-                visit(c, b if onscreen else parent)
+                visit(c, b if kept_here and b is not None else ref)
 
     for t in tops:
         visit(t, screen)
