@@ -1,3 +1,6 @@
+import json
+from pathlib import Path
+
 import pytest
 
 from mobilerl.env.actions import (
@@ -22,6 +25,10 @@ ROUND_TRIP = [
     Action("Wait"),
     Action("Finish", message="The answer is 42."),
     Action("Finish"),
+    Action("Enter"),
+    Action("Type", text="C:\\x it's", clear=True),
+    Action("Swipe", start=(540, 1800), end=(540, 600)),
+    Action("Swipe", start=(100, 900), end=(900, 950), direction="right", dist="long"),
 ]
 
 
@@ -74,7 +81,7 @@ def test_backslashes_follow_the_grammar_format_action_writes(written, text):
         ('do(action="Type", text=__import__("os").system("rm -rf /"))', "literals"),
         ('do(action="Type", text="a") + do(action="Back")', "exactly one"),
         ('do(action="Back", extra="x")', "unexpected"),
-        ("<answer>do(action=\"Back\")", "unterminated"),
+        ("do(action=\"Back\")</answer>", "unterminated"),
         ('do(action="Tap", element=[1,2,3,4], element=[1,2,3,4])', "twice"),
         ('do("Tap")', "keyword"),
         ("finish(message=1)", "string"),
@@ -114,3 +121,96 @@ def test_index_actions_parse_format_and_reject_ambiguity():
                      ('do(action="Type", text="a", index=2)', "unexpected")]:
         with pytest.raises(ActionParseError, match=why):
             parse_action(bad)
+
+
+# android_lab/evaluation/utils.py (extract_think_ans), evaluation.py (two-point elements, clear=True),
+# page_executor/text_executor.py (leading zeros, "Press Back", "Enter", v4 quoting, start=/end=) in
+# THUDM/MobileRL; evaluation/definition.py (get_code_snippet) and page_executor/text_executor.py
+# ("Action:" lines) in THUDM/Android-Lab. Each pair: a response those harnesses execute -> what they do.
+HARNESS_ACCEPTS = [
+    ('<think>open it</think>\n<ans>\ndo(action="Launch", app="Files")\n</ans>\n\n', Action("Launch", app="Files")),
+    ('<think>t</think>\n<ans>do(action="Home")', Action("Home")),  # unterminated <ans>
+    ('<think>t</think>\n<answer>do(action="Back")', Action("Back")),  # unterminated <answer>
+    ('<answer>do(action="Tap", element=[500, 300])</answer>', Action("Tap", element=(500, 300, 500, 300))),
+    ('do(action="Long Press", element=[012, 0450, 0300, 0999])', Action("Long Press", element=(12, 450, 300, 999))),
+    ('do(action="Tap", index=07)', Action("Tap", index=7)),
+    ('do(action="Type", text="007")', Action("Type", text="007")),  # strings keep their zeros
+    ('do(action="Enter")', Action("Enter")),
+    ('do(action="Press Back")', Action("Back")),
+    ('do(action="Type", text="Paris", clear=True)', Action("Type", text="Paris", clear=True)),
+    ('do(action="Swipe", start=[540, 1800], end=[540, 600])', Action("Swipe", start=(540, 1800), end=(540, 600))),
+    ('* Analysis: the alarm.\n* Plan:\nOpen Clock.\n* Operation:\n\n```\ndo(action="Launch", app="Clock")\n```\n',
+     Action("Launch", app="Clock")),
+    ('```\n# tap the field\ndo(action="Tap", element=[1, 2, 3, 4])\n```', Action("Tap", element=(1, 2, 3, 4))),
+    ('Thought: the list ends here.\nAction: do(action="Swipe", direction="up", dist="long")',
+     Action("Swipe", direction="up", dist="long")),
+    ('Action: finish(message="done")', Action("Finish", message="done")),
+    ('<ans>do(action="Type", text="Next Action: go")</ans>', Action("Type", text="Next Action: go")),
+    ('do(action="Type", text="say "hi" now")', Action("Type", text='say "hi" now')),
+    ('<answer>finish(message="The "Work" list")</answer>', Action("Finish", message='The "Work" list')),
+    ('do(action="Type", text="line one\nline two")', Action("Type", text="line one\nline two")),  # raw newline
+]
+
+
+@pytest.mark.parametrize("text, action", HARNESS_ACCEPTS)
+def test_accepts_what_the_official_harnesses_execute(text, action):
+    assert parse_action(text) == action
+    assert parse_action(format_action(action)) == action
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('<ans>do(action="Type", text=__import__("os").system("id"))</ans>', "malformed"),
+        ('Action: __import__("os").system("id")', "no do"),
+        ('```\nimport os; do(action="Back")\n```', "malformed"),
+        ('<ans>do(action="Tap", element=[1, 2, 3]</ans>', "malformed"),
+        ('do(action="Tap", element=[1, 2, 3])', "4 integers"),
+        ('do(action="Swipe", start=[1, 2])', "direction"),
+        ('do(action="Swipe", start=[5, 5], end=[5, 5])', "distinct"),
+        ('do(action="Swipe", start=[1, 2, 3], end=[4, 5])', "point"),
+        ('do(action="Type", text="a", clear="yes")', "clear"),
+        ('do(action="Back", clear=True)', "unexpected"),
+        ('do(action="Press Home")', "unknown action"),  # not in MobileRL's executor's list either
+        ('<think>t</think><answer>do(action="Type", text="a") b")</answer>', "malformed"),
+    ],
+)
+def test_harness_reading_still_rejects_unsafe_or_malformed_text(bad, why):
+    with pytest.raises(ActionParseError, match=why):
+        parse_action(bad)
+
+
+# What MobileRL's v4 executor (android_lab/page_executor/text_executor.py) calls do()/finish() with, run on
+# format_action's output: its re.sub rewrite of text="…") broke the old "C:\\x" (SyntaxError).
+MOBILERL_READS = [
+    (Action("Type", text='say "hi"'), """do(action="Type", text='say "hi"')"""),
+    (Action("Type", text="C:\\x\\n"), r"""do(action="Type", text='C:\\x\\n')"""),
+    (Action("Finish", message="it's \"x\"\\"), r"""finish(message='it\'s "x"\\')"""),
+    (Action("Finish", message="a\nb"), r'finish(message="a\nb")'),
+    (Action("Type", text="it's"), """do(action="Type", text="it's")"""),
+]
+
+
+@pytest.mark.parametrize("action, written", MOBILERL_READS)
+def test_format_action_writes_what_mobilerl_reads_back(action, written):
+    assert format_action(action) == written
+    assert parse_action(written) == action
+
+
+def test_previously_accepted_responses_parse_as_before():
+    """Responses the parser accepted before the harness reading (recorded eval/SFT outputs and format_action
+    variants of every action kind) still parse to the same action."""
+    rows = [json.loads(line) for line in (Path(__file__).parent / "fixtures" / "parse_corpus.jsonl").open()]
+    assert len(rows) > 300
+    changed = [r["text"] for r in rows if parse_action(r["text"]).to_dict() != r["action"]]
+    assert changed == []
+
+
+def test_new_fields_stay_out_of_old_records_and_convert_with_the_grid():
+    assert set(Action("Type", text="a").to_dict()) == {"name", "element", "text", "app", "direction", "dist", "message"}
+    swipe = Action("Swipe", start=(540, 2000), end=(540, 400))
+    assert swipe.direction == "up" and Action.from_dict(swipe.to_dict()) == swipe
+    rel = convert_action(swipe, 1080, 2400, "relative")
+    assert (rel.start, rel.end) == ((500, 833), (500, 167))
+    typed = Action("Type", text="x", clear=True)
+    assert typed.to_dict()["clear"] is True and Action.from_dict(typed.to_dict()) == typed

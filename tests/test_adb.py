@@ -95,12 +95,14 @@ def test_tap_and_long_press_hit_the_element_centre():
     ("direction", "dist", "element", "expected"),
     [
         # From the screen centre (540, 1200); unit = 1080 // 10 = 108; vertical moves are doubled.
+        # utils_mobile/and_controller.py (THUDM/Android-Lab) swipes long by 10 units: 1200 - 2160 = -960 and
+        # 540 - 1080 = -540 there, clamped to the screen here.
         ("up", "short", None, ["540", "1200", "540", "984"]),
         ("up", "medium", None, ["540", "1200", "540", "768"]),
-        ("up", "long", None, ["540", "1200", "540", "552"]),
+        ("up", "long", None, ["540", "1200", "540", "0"]),
         ("down", "medium", None, ["540", "1200", "540", "1632"]),
         ("left", "short", None, ["540", "1200", "432", "1200"]),
-        ("left", "long", None, ["540", "1200", "216", "1200"]),
+        ("left", "long", None, ["540", "1200", "0", "1200"]),
         ("right", "medium", None, ["540", "1200", "756", "1200"]),
         # From an element's centre (the contact list, centre (540, 1223)).
         ("up", "medium", (0, 298, 1080, 2148), ["540", "1223", "540", "791"]),
@@ -120,6 +122,22 @@ def test_swipe_points_default_distance_is_medium():
     assert swipe_points(Action("Swipe", direction="up"), 1080, 2400) == ((540, 1200), (540, 768))
 
 
+def test_mobilerl_horizontal_swipes_and_precise_swipes():
+    # android_lab/utils_mobile/and_controller.py (THUDM/MobileRL), 1080 wide, from (540, 1200): left short
+    # ends at x = 540 - 108 * 2.5 = 270.0, right medium at 540 + 216 * 2.5 = 1080.0; vertical as AndroidLab.
+    assert swipe_points(Action("Swipe", direction="left", dist="short"), 1080, 2400, 2.5) == ((540, 1200), (270, 1200))
+    assert swipe_points(Action("Swipe", direction="right"), 1080, 2400, 2.5)[1] == (1079, 1200)
+    assert swipe_points(Action("Swipe", direction="up"), 1080, 2400, 2.5)[1] == (540, 768)
+    env, runner, _ = make_env(swipe_horizontal=2.5)
+    env.reset("t")
+    env.step(Action("Swipe", start=(300, 2000), end=(300, 500)))  # swipe_precise: point to point, 400 ms
+    env.step(Action("Swipe", direction="left", dist="short"))
+    assert actions_only(runner.calls)[1:] == [
+        ["shell", "input", "swipe", "300", "2000", "300", "500", "400"],
+        ["shell", "input", "swipe", "540", "1200", "270", "1200", "400"],
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "escaped"),
     [
@@ -137,33 +155,50 @@ def test_input_text_escaping(text, escaped):
     assert escape_input_text(text) == escaped
 
 
-def test_type_commands_newlines_and_non_ascii():
+def test_type_commands_word_by_word_newlines_and_non_ascii():
+    # android_world/env/adb_utils.py type_text: one input_text per word and per space, Enter per newline.
     env, runner, _ = make_env()
     env.reset("t")
-    env.step(Action("Type", text="Buy milk & eggs\nCall Bob"))
+    env.step(Action("Type", text="Buy milk & eggs\nCall  Bob"))
     assert actions_only(runner.calls)[1:] == [
-        ["shell", "input", "text", "Buy%smilk%s\\&%seggs"],
-        ["shell", "input", "keyevent", "KEYCODE_ENTER"],
-        ["shell", "input", "text", "Call%sBob"],
+        ["shell", "input", "text", w]
+        if w != "\n"
+        else ["shell", "input", "keyevent", "KEYCODE_ENTER"]
+        for w in ["Buy", "%s", "milk", "%s", "\\&", "%s", "eggs", "\n", "Call", "%s", "%s", "Bob"]
     ]
     n = len(runner.calls)
-    result = env.step(Action("Type", text="café"))
-    assert "non-ASCII" in result.info["error"] and actions_only(runner.calls[n:]) == []
+    result = env.step(Action("Type", text="café"))  # ADBKeyBoard is not the input method: a clear error
+    assert "ADBKeyBoard" in result.info["error"] and "ime set" in result.info["error"]
+    assert [c for c in runner.calls[n:] if c[:2] in (["shell", "input"], ["shell", "am"])] == []
 
-    env, runner, _ = make_env(adb_keyboard=True)
-    env.reset("t")
-    env.step(Action("Type", text="café"))
     b64 = base64.b64encode("café".encode()).decode()
-    assert actions_only(runner.calls)[-1] == [
-        "shell",
-        "am",
-        "broadcast",
-        "-a",
-        "ADB_INPUT_B64",
-        "--es",
-        "msg",
-        b64,
+    broadcast = ["shell", "am", "broadcast", "-a", "ADB_INPUT_B64", "--es", "msg", b64]
+    ime = {"shell settings get secure default_input_method": "com.android.adbkeyboard/.AdbIME\n"}
+    for kw in ({"adb_keyboard": True}, {"overrides": ime}):
+        env, runner, _ = make_env(**kw)
+        env.reset("t")
+        assert env.step(Action("Type", text="café")).info == {}
+        assert actions_only(runner.calls)[-1] == broadcast
+
+
+def test_type_clears_the_field_when_asked_and_enter_is_a_key():
+    # and_controller.py (THUDM/MobileRL, THUDM/Android-Lab) clears with 100 DEL key presses before typing.
+    clear = [["shell", "input", "keyevent", "KEYCODE_MOVE_END"], ["shell", "input", "keyevent", *["KEYCODE_DEL"] * 100]]
+    env, runner, _ = make_env()
+    env.reset("t")
+    env.step(Action("Type", text="Paris", clear=True))
+    env.step(Action("Enter"))
+    env.step(Action("Type", text="x"))
+    assert actions_only(runner.calls)[1:] == [
+        *clear,
+        ["shell", "input", "text", "Paris"],
+        ["shell", "input", "keyevent", "KEYCODE_ENTER"],
+        ["shell", "input", "text", "x"],
     ]
+    env, runner, _ = make_env(clear_before_type=True)
+    env.reset("t")
+    env.step(Action("Type", text="x"))
+    assert actions_only(runner.calls)[1:] == [*clear, ["shell", "input", "text", "x"]]
 
 
 def test_launch_keys_wait_and_finish():

@@ -17,6 +17,9 @@ from mobilerl.env.androidworld import (
 )
 from mobilerl.env.base import EnvCrashed, EnvError, EnvTimeout, TaskSpec
 
+# android_world/env/json_action.py: JSONAction's fields; anything else is a TypeError (HTTP 500).
+JSON_ACTION_FIELDS = {"action_type", "index", "x", "y", "text", "direction", "goal_status", "app_name", "keycode",
+                      "clear_text"}
 GOAL = "Create a new contact for Emilia Gonzalez. Their number is +13920741751."
 # A 3×2 screen (H=3, W=2): what /screenshot returns is state.pixels.tolist().
 PIXELS = [[[255, 255, 255], [26, 115, 232]], [[0, 0, 0], [10, 20, 30]], [[1, 2, 3], [4, 5, 6]]]
@@ -37,6 +40,11 @@ class RecordedServer:
         self.requests.append((request.method, path, params, body))
         if path in self.fail:
             return self.fail[path]
+        if path == "/execute_action" and (
+            set(body) - JSON_ACTION_FIELDS or (body["action_type"] == "open_app" and not body.get("app_name"))
+        ):
+            # android_world/env/actuation.py raises ValueError("No app name provided"): the server answers 500.
+            return httpx.Response(500, text="Internal Server Error")
         ok = {"status": "success"}
         routes = {
             ("GET", "/health"): ok,
@@ -129,6 +137,8 @@ def test_actions_map_to_json_actions():
         Action("Back"),
         Action("Home"),
         Action("Wait"),
+        Action("Enter"),
+        Action("Type", text="Paris", clear=True),
     ]
     for action in steps:
         result = env.step(action)
@@ -145,6 +155,8 @@ def test_actions_map_to_json_actions():
         {"action_type": "navigate_back"},
         {"action_type": "navigate_home"},
         {"action_type": "wait"},
+        {"action_type": "keyboard_enter"},
+        {"action_type": "input_text", "text": "Paris", "clear_text": True},  # no stale tap: the focused field
     ]
     # Every step re-observes with a screenshot.
     assert server.paths().count("GET /screenshot") == 1 + len(steps)
@@ -175,12 +187,39 @@ def test_finish_answers_then_sets_status_and_evaluate_scores():
     assert env.evaluate() == 0.0
 
 
-def test_type_before_any_tap_is_reported_not_sent():
+def test_type_taps_only_a_field_tapped_just_before():
+    # android_world/env/actuation.py: input_text with x, y clicks there first; without them it types into
+    # the focused field.
     env, server = make_env()
     env.reset("ContactsAddContact/0")
-    result = env.step(Action("Type", text="hi"))
-    assert "tap the text field first" in result.info["error"]
-    assert server.actions() == []
+    for action in [
+        Action("Type", text="hi"),  # no tap yet
+        Action("Tap", element=(0, 0, 100, 100)),
+        Action("Wait"),
+        Action("Type", text="a"),
+        Action("Type", text="b"),
+        Action("Tap", element=(0, 0, 100, 100)),
+        Action("Swipe", direction="up"),
+        Action("Type", text="c"),  # the tapped point scrolled away
+    ]:
+        assert env.step(action).info == {}
+    texts = [(a["text"], a.get("x"), a.get("y")) for a in server.actions() if a["action_type"] == "input_text"]
+    assert texts == [("hi", None, None), ("a", 50, 50), ("b", 50, 50), ("c", None, None)]
+    for moved_on in (Action("Back"), Action("Home"), Action("Launch", app="Contacts"), Action("Enter")):
+        env.step(Action("Tap", element=(0, 0, 100, 100)))
+        env.step(moved_on)
+        env.step(Action("Type", text="d"))
+        assert "x" not in server.actions()[-1], moved_on
+
+
+def test_launch_without_an_app_is_an_invalid_step_not_an_env_failure():
+    env, server = make_env()
+    env.reset("ContactsAddContact/0")
+    result = env.step(Action("Launch", app=""))
+    assert result.done is False and "app name" in result.info["error"]
+    assert server.actions() == []  # the real server would answer 500, ending the episode
+    with pytest.raises(EnvError, match="HTTP 500"):
+        env.execute({"action_type": "open_app", "app_name": ""})
 
 
 def test_close_tears_down_and_only_closes_the_server_when_asked():

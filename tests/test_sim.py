@@ -163,8 +163,8 @@ def test_env_api_errors_and_budget():
     env = SimEnv()
     with pytest.raises(EnvError):
         env.step(Action("Back"))
-    with pytest.raises(KeyError):
-        env.reset("world/test/NoSuchTemplate/0")
+    with pytest.raises(EnvError, match="cannot reset to task 'world/test/NoSuchTemplate/0'"):
+        env.reset("world/test/NoSuchTemplate/0")  # an unknown task is a failed env call, not a KeyError
     obs = env.reset(TASK)
     assert obs.screenshot is None and obs.app == "Home"
     budget = env.task.max_steps

@@ -36,7 +36,10 @@ class ModelPolicy:
         reasoning: ask for ``<think>`` before the answer (the reasoning system prompt).
         max_history: keep only the last N previous responses in the prompt (None: all).
         prompt_style: ``full`` / ``compact`` system prompt (:func:`mobilerl.agent.prompt.system_prompt`);
-            must be the style the checkpoint was trained on (the tiny profile's is ``compact``).
+            must be the style the checkpoint was trained on (the tiny profile's is ``compact``). ``mobilerl``:
+            the official MobileRL chat and observation tree (its released checkpoints; needs ``coords="rel"``,
+            its answers being on a 0-999 grid).
+        system_prompt: replaces the style's system prompt (e.g. the official harness' own text).
     """
 
     backend: GenerationBackend
@@ -50,6 +53,7 @@ class ModelPolicy:
     # "rel": the screen and the answers on the 0-999 grid; "marks": numbered lines, taps name a line (index=i);
     # converted back to pixels here
     coords: str = "abs"
+    system_prompt: str | None = None
     reuse_greedy: bool = True  # temperature 0: a prompt answered before in this episode is not generated again
     # prompt -> response of this episode (``with_seed`` makes a fresh policy, and memory, per episode)
     _answered: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
@@ -62,25 +66,36 @@ class ModelPolicy:
             raise ValueError(f"obs_mode must be one of {prompt.OBSERVATION_MODES}, got {self.obs_mode!r}")
         if self.prompt_style not in prompt.PROMPT_STYLES:
             raise ValueError(f"prompt_style must be one of {prompt.PROMPT_STYLES}, got {self.prompt_style!r}")
+        if self.prompt_style == "mobilerl" and self.coords != "rel":
+            raise ValueError(f"prompt_style 'mobilerl' answers on its 0-999 grid: coords must be 'rel', "
+                             f"got {self.coords!r}")
 
     def with_seed(self, seed: int) -> ModelPolicy:
         """This policy with base seed ``seed`` (a :func:`mobilerl.eval.evaluate` policy factory)."""
         return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, seed=seed))
 
     def request(self, ctx: PolicyContext) -> ChatRequest:
-        """The chat of this step (the prompt module's format) with the screenshot when the mode shows it."""
-        messages = prompt.messages_for_context(
-            ctx, mode=self.obs_mode, reasoning=self.reasoning, max_history=self.max_history,
-            style=self.prompt_style, coords=self.coords,
-        )
+        """The chat of this step (the prompt module's format) with the screenshot when the mode shows it
+        (style ``mobilerl``: the previous screen's too, from the second step on)."""
+        if self.prompt_style == "mobilerl":
+            messages = prompt.mobilerl_messages_for_context(ctx, mode=self.obs_mode, system=self.system_prompt)
+        else:
+            messages = prompt.messages_for_context(
+                ctx, mode=self.obs_mode, reasoning=self.reasoning, max_history=self.max_history,
+                style=self.prompt_style, coords=self.coords,
+            )
+            if self.system_prompt is not None:
+                messages[0] = {"role": "system", "content": self.system_prompt}
         images = None
         if self.obs_mode != "xml":
-            shot = ctx.observation.screenshot
-            if shot is None:
+            shots = [ctx.observation.screenshot]
+            if self.prompt_style == "mobilerl" and ctx.history:
+                shots.insert(0, ctx.previous.screenshot if ctx.previous is not None else None)
+            if any(shot is None for shot in shots):
                 raise PolicyError(
                     f"obs_mode {self.obs_mode!r} needs a screenshot, but the env renders none (use a rendering env)"
                 )
-            images = [shot]
+            images = shots
         return ChatRequest(messages, images)
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
@@ -99,7 +114,10 @@ class ModelPolicy:
         if self.coords != "abs":
             size = (ctx.observation.width, ctx.observation.height)
             try:
-                action_text = prompt.action_to_env(gen.text, size, self.coords, ctx.xml_compressed)
+                if self.prompt_style == "mobilerl":
+                    action_text = prompt.mobilerl_action_to_env(gen.text, size)
+                else:
+                    action_text = prompt.action_to_env(gen.text, size, self.coords, ctx.xml_compressed)
             except ActionParseError as e:
                 invalid = str(e) or "unparseable response"  # the rollout records an invalid step
         # A backend that returns no token ids (a plain OpenAI-style server) leaves them unknown, not empty.

@@ -51,6 +51,10 @@ class PolicyContext:
     history: tuple[str, ...] = ()
     step: int = 0
     episode_id: str = ""
+    # The foreground app at each earlier step and the screen the last response answered: what the official
+    # MobileRL chat (prompt style "mobilerl") shows of the past. Empty for offline data.
+    apps: tuple[str, ...] = ()
+    previous: Observation | None = None
 
 
 @dataclass(frozen=True)

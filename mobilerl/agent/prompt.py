@@ -8,13 +8,19 @@ One step is one chat (MobileRL §2 state: the task, previous responses, the curr
     assistant  [<think>…</think>]<answer>do(...)</answer>
 
 The ``coords`` frame: ``"abs"`` pixels, ``"rel"`` the 0-999 grid, ``"marks"`` numbered lines that
-``index=i`` actions name. :func:`in_frame` puts a recorded step in the frame, :func:`action_to_env` turns a
+``index=i`` actions name.
+
+Style ``"mobilerl"`` is the official MobileRL harness' format instead, to evaluate its released checkpoints:
+a multi-turn chat (:func:`mobilerl_messages`) over its observation tree
+(:func:`mobilerl.env.xml.compress_tree`, boxes on its own 0-999 grid), answers converted back by
+:func:`mobilerl_action_to_env`. :func:`in_frame` puts a recorded step in the frame, :func:`action_to_env` turns a
 response back into env pixels. ``<image>`` is LLaMA-Factory's placeholder (:func:`to_hf_messages` for HF
 processors). Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,6 +34,7 @@ from mobilerl.env.actions import (
     parse_action,
     to_relative,
 )
+from mobilerl.env.xml import TREE_GRID, compress_tree
 
 IMAGE_TOKEN = "<image>"
 OBSERVATION_MODES = ("xml", "screenshot", "screenshot+xml")
@@ -56,7 +63,7 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"observation mode must be one of {OBSERVATION_MODES}, got {mode!r}")
 
 
-PROMPT_STYLES = ("full", "compact")
+PROMPT_STYLES = ("full", "compact", "mobilerl")
 COORD_FRAMES = ("abs", "rel", "marks")
 _BOUNDS = re.compile(r"\[(\d+),(\d+)\]\[(\d+),(\d+)\]$")
 LINE_FORMATS = {"abs": "Class;flags;label;[x1,y1][x2,y2]", "rel": "Class;flags;label;[x1,y1][x2,y2]",
@@ -174,6 +181,8 @@ def system_prompt(mode: str = "screenshot+xml", reasoning: bool = False, style: 
     _check_mode(mode)
     if style not in PROMPT_STYLES:
         raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+    if style == "mobilerl":
+        return MOBILERL_SYSTEM_PROMPT
     if style == "compact":
         return ("Android agent. Think inside <think></think>, then give one action inside <answer></answer>."
                 if reasoning else "Android agent. Give one action inside <answer></answer>.")
@@ -266,6 +275,8 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """``[{"role": "system", ...}, {"role": "user", ...}]`` for one step (string contents, ``<image>``
     placeholder in screenshot modes; ``xml_compressed`` already in the ``coords`` frame)."""
+    if style == "mobilerl":
+        raise ValueError("prompt style 'mobilerl' is a multi-turn chat of its own: use mobilerl_messages")
     return [
         {"role": "system", "content": system_prompt(mode, reasoning, style, coords)},
         {"role": "user", "content": user_prompt(instruction, history, xml_compressed, app=app, mode=mode,
@@ -309,3 +320,92 @@ def sharegpt_record(messages: Sequence[dict[str, str]], response: str, images: S
     return {"messages": [*({"role": m["role"], "content": m["content"]} for m in messages),
                          {"role": "assistant", "content": response}],
             "images": list(images)}
+
+
+# -- the official MobileRL format (prompt style "mobilerl") ---------------------------------------------
+
+# Written for this project after the official harness' thinking prompt for AndroidWorld: the same response
+# layout and action set. Its own text can replace this one (the profile's generation.system_prompt_file).
+MOBILERL_SYSTEM_PROMPT = """\
+You operate an Android phone for the user. At each step you get a screenshot of the phone and a tree of its \
+on-screen UI elements; reason about the screen, then act with one line of Python-style pseudo-code.
+
+Answer in exactly this layout:
+<think>
+[your analysis of the screen and your plan]
+</think>
+<answer>
+[one line of code]
+</answer>
+
+The code is one of these calls. An element is [x1, y1, x2, y2], the top-left and bottom-right corners of a \
+box from the element tree, whose coordinates run from 0 to 999 across the screen; choose it from the current \
+screen.
+- do(action="Tap", element=[x1, y1, x2, y2]): tap the element.
+- do(action="Type", text="..."): type into the focused input field.
+- do(action="Swipe", direction="up", dist="medium", element=[x1, y1, x2, y2]): swipe "up", "down", "left" \
+or "right"; dist is "short", "medium" (the default) or "long"; the element, optional, is where to swipe.
+- do(action="Long Press", element=[x1, y1, x2, y2]): press and hold the element.
+- do(action="Launch", app="..."): open an app by its name; prefer this to finding its icon.
+- do(action="Back"): press the Back button.
+- finish(message="..."): end the task; the message answers a question, if the task asked one.
+
+Rules: think before every action; one line of code in <answer>, never more; follow the layout exactly; when \
+an action needs a place, take the box of a known element from the tree."""
+
+MOBILERL_SCREEN = "** Screen Info **"  # the text of every user turn after the first
+
+
+def _mobilerl_turn(instruction: str | None, app: str) -> str:
+    """A user turn's text: the instruction (first turn) or the screen marker, then the foreground app."""
+    return f"{instruction if instruction is not None else MOBILERL_SCREEN}\n\n" + \
+        json.dumps({"current_app": app}, ensure_ascii=False)
+
+
+def mobilerl_messages(instruction: str, history: Sequence[str], apps: Sequence[str], app: str, tree: str = "",
+                      *, screenshots: bool = True, system: str | None = None) -> list[dict[str, str]]:
+    """The official harness' chat at step ``len(history)`` (AndroidWorld config: the last two screens shown,
+    with the element tree): system; for each earlier step its user turn (the instruction then, or the screen
+    marker, with that step's app ``apps[i]``) and the response verbatim, the previous turn with its screenshot;
+    then the current turn: ``<image>``, its text, a newline and ``tree`` (:func:`compress_tree`; empty:
+    no tree). ``screenshots=False`` drops the ``<image>`` placeholders (a text-only variant, not the official
+    one). As observed in THUDM/MobileRL's ``Multi_ScreenshotTask.run_step``, the first turn shown again
+    with its screenshot names the current app, not its own."""
+    if len(apps) != len(history):
+        raise ValueError(f"one app per earlier step: {len(apps)} apps for {len(history)} responses")
+    image = IMAGE_TOKEN if screenshots else ""
+    msgs = [{"role": "system", "content": MOBILERL_SYSTEM_PROMPT if system is None else system}]
+    last = len(history) - 1
+    for i, (response, past_app) in enumerate(zip(history, apps, strict=True)):
+        text = _mobilerl_turn(instruction if i == 0 else None, app if i == last == 0 else past_app)
+        msgs.append({"role": "user", "content": image + text if i == last else text})
+        msgs.append({"role": "assistant", "content": response})
+    current = _mobilerl_turn(instruction if not history else None, app) + (f"\n{tree}" if tree else "")
+    msgs.append({"role": "user", "content": image + current})
+    return msgs
+
+
+def mobilerl_messages_for_context(ctx: Any, *, mode: str = "screenshot+xml", system: str | None = None
+                                  ) -> list[dict[str, str]]:
+    """:func:`mobilerl_messages` for a :class:`~mobilerl.agent.policy.PolicyContext`: the tree of its raw XML
+    when ``mode`` shows XML, screenshots when it shows them (the current one, and the previous screen's)."""
+    _check_mode(mode)
+    obs = ctx.observation
+    tree = compress_tree(obs.xml, obs.width, obs.height) if mode != "screenshot" else ""
+    return mobilerl_messages(ctx.task.instruction, ctx.history, ctx.apps, obs.app, tree,
+                             screenshots=mode != "xml", system=system)
+
+
+def mobilerl_action_to_env(text: str, size: Sequence[int]) -> str:
+    """A response in the official format as the env takes it (pixels): its ``<answer>`` action with each box
+    taken from the tree's grid (``v * size / 999``); a box with a coordinate past 999 is pixels already, as
+    the tree prints a repeated box (the official executor passes such boxes through too). Raises
+    :class:`ActionParseError` for a response with no action."""
+    action = parse_action(text)
+    if action.element is None or any(v > TREE_GRID for v in action.element):
+        return format_action(action)
+    w, h = int(size[0]), int(size[1])
+    x1, y1, x2, y2 = action.element
+    box = (round(x1 * w / TREE_GRID), round(y1 * h / TREE_GRID), round(x2 * w / TREE_GRID),
+           round(y2 * h / TREE_GRID))
+    return format_action(replace(action, element=box))

@@ -91,6 +91,8 @@ async def rollout(
     # An env run on the event loop (InlineEnv, also behind a pool lease) gets its XML compressed there too.
     inline = getattr(getattr(env, "worker", env), "inline", False) is True
     history: list[str] = []
+    apps: list[str] = []
+    previous: Observation | None = None
     last_info: dict = {}
     try:
         obs = await env.reset(task)
@@ -110,7 +112,7 @@ async def rollout(
             traj.error = f"env: malformed observation at step {t}: {e}"
             break
         shot = await asyncio.to_thread(_save_png, obs, shots / f"step{t:03d}.png") if shots else None
-        ctx = PolicyContext(task, obs, xml_c, tuple(history), t, ep)
+        ctx = PolicyContext(task, obs, xml_c, tuple(history), t, ep, tuple(apps), previous)
         t0 = time.perf_counter()
         try:
             out = await policy.act(ctx)
@@ -125,6 +127,8 @@ async def rollout(
             break
         policy_s = time.perf_counter() - t0
         history.append(out.text)
+        apps.append(obs.app)
+        previous = obs
         rec = StepRecord(
             index=t,
             response=out.text,

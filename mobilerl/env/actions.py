@@ -3,12 +3,16 @@
     do(action="Tap" | "Long Press", element=[x1, y1, x2, y2])   (or index=i: screen line i, marks frame)
     do(action="Type", text="...")    do(action="Launch", app="Contacts")
     do(action="Swipe", direction="up|down|left|right", dist="short|medium|long"[, element=[...]])
-    do(action="Back" | "Home" | "Wait")    finish(message="...")   (message optional)
+    do(action="Swipe", start=[x, y], end=[x, y])   (a precise swipe, MobileRL's AndroidWorld executor)
+    do(action="Type", text="...", clear=True)   (clear the field first)
+    do(action="Back" | "Home" | "Wait" | "Enter")    finish(message="...")   (message optional)
 
 :func:`parse_action` takes a bare call or a whole ``<think>…</think><answer>…</answer>`` response, parses
 with :mod:`ast` (never eval) and raises :class:`ActionParseError` (an invalid step) for anything but one
-such call; ``parse_action(format_action(a)) == a``. Boxes are absolute pixels; :func:`to_relative`,
-:func:`to_absolute` and :func:`convert_action` convert to the official harness' 0-999 grid.
+such call; ``parse_action(format_action(a)) == a``. Text this strict reading rejects gets a second
+reading the way the official harnesses (AndroidLab, MobileRL) read a response; see :func:`harness_body`.
+Boxes are absolute pixels; :func:`to_relative`, :func:`to_absolute` and :func:`convert_action` convert to
+the official harness' 0-999 grid.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import re
 from dataclasses import dataclass, replace
 
 TAP, TYPE, SWIPE, LONG_PRESS, LAUNCH = "Tap", "Type", "Swipe", "Long Press", "Launch"
-BACK, HOME, WAIT, FINISH = "Back", "Home", "Wait", "Finish"
-ACTION_NAMES: tuple[str, ...] = (TAP, TYPE, SWIPE, LONG_PRESS, LAUNCH, BACK, HOME, WAIT, FINISH)
+BACK, HOME, WAIT, ENTER, FINISH = "Back", "Home", "Wait", "Enter", "Finish"
+ACTION_NAMES: tuple[str, ...] = (TAP, TYPE, SWIPE, LONG_PRESS, LAUNCH, BACK, HOME, WAIT, ENTER, FINISH)
 DIRECTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 DISTANCES: tuple[str, ...] = ("short", "medium", "long")
 RELATIVE_GRID = 1000  # relative coordinates live in [0, RELATIVE_GRID - 1]
@@ -29,15 +33,18 @@ MAX_RESPONSE_CHARS = 32_768
 _SIGNATURES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     TAP: (frozenset(), frozenset({"element", "index"})),  # exactly one of element / index (checked below)
     LONG_PRESS: (frozenset(), frozenset({"element", "index"})),
-    TYPE: (frozenset({"text"}), frozenset()),
-    SWIPE: (frozenset({"direction"}), frozenset({"dist", "element"})),
+    TYPE: (frozenset({"text"}), frozenset({"clear"})),
+    SWIPE: (frozenset(), frozenset({"direction", "dist", "element", "start", "end"})),  # direction or start+end
     LAUNCH: (frozenset({"app"}), frozenset()),
     BACK: (frozenset(), frozenset()),
     HOME: (frozenset(), frozenset()),
     WAIT: (frozenset(), frozenset()),
+    ENTER: (frozenset(), frozenset()),
 }
+_ALIASES = {"longpress": LONG_PRESS, "long-press": LONG_PRESS, "press back": BACK}  # "Press Back": MobileRL
 
 Box = tuple[int, int, int, int]
+Point = tuple[int, int]
 
 
 class ActionParseError(ValueError):
@@ -56,6 +63,9 @@ class Action:
     dist: str | None = None
     message: str | None = None
     index: int | None = None  # Set-of-Mark: the screen line the action names (instead of ``element``)
+    clear: bool = False  # Type: clear the field before typing
+    start: Point | None = None  # precise Swipe: where the finger goes down ...
+    end: Point | None = None  # ... and where it lifts
 
     def __post_init__(self) -> None:
         if self.name not in ACTION_NAMES:
@@ -69,6 +79,16 @@ class Action:
             raise ActionParseError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.dist is not None and self.dist not in DISTANCES:
             raise ActionParseError(f"dist must be one of {DISTANCES}, got {self.dist!r}")
+        if not isinstance(self.clear, bool):
+            raise ActionParseError(f"clear must be True or False, got {self.clear!r}")
+        if (self.start is None) != (self.end is None):
+            raise ActionParseError("a precise swipe needs both start=[x, y] and end=[x, y]")
+        if self.start is not None and self.end is not None:
+            start, end = _check_point("start", self.start), _check_point("end", self.end)
+            object.__setattr__(self, "start", start)
+            object.__setattr__(self, "end", end)
+            if self.direction is None:  # backends that only swipe by direction (simulator, AndroidWorld) need one
+                object.__setattr__(self, "direction", _finger_direction(start, end))
 
     @property
     def center(self) -> tuple[int, int] | None:
@@ -79,13 +99,16 @@ class Action:
 
     def to_dict(self) -> dict:
         d = {k: (list(v) if k == "element" and v is not None else v) for k, v in _fields(self).items()}
-        if d["index"] is None:
-            del d["index"]  # records written before index actions existed stay byte-identical
+        for key, unset in (("index", None), ("clear", False), ("start", None), ("end", None)):
+            if d[key] == unset:
+                del d[key]  # records written before these fields existed stay byte-identical
+            elif key in ("start", "end"):
+                d[key] = list(d[key])
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Action:
-        element = d.get("element")
+        element, start, end = d.get("element"), d.get("start"), d.get("end")
         return cls(
             name=d["name"],
             element=tuple(element) if element is not None else None,  # type: ignore[arg-type]
@@ -95,6 +118,9 @@ class Action:
             dist=d.get("dist"),
             message=d.get("message"),
             index=d.get("index"),
+            clear=d.get("clear", False),
+            start=tuple(start) if start is not None else None,  # type: ignore[arg-type]
+            end=tuple(end) if end is not None else None,  # type: ignore[arg-type]
         )
 
     def __str__(self) -> str:
@@ -111,6 +137,9 @@ def _fields(a: Action) -> dict:
         "dist": a.dist,
         "message": a.message,
         "index": a.index,
+        "clear": a.clear,
+        "start": a.start,
+        "end": a.end,
     }
 
 
@@ -127,9 +156,34 @@ def _check_box(value: object) -> Box:
     return (x1, y1, x2, y2)
 
 
+def _check_point(name: str, value: object) -> Point:
+    if (not isinstance(value, list | tuple) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+        raise ActionParseError(f"{name} must be a point [x, y] of 2 non-negative integers, got {value!r}")
+    return (value[0], value[1])
+
+
+def _finger_direction(start: Point, end: Point) -> str:
+    """The way the finger moves along the longer axis ("up" when it moves up the screen)."""
+    dx, dy = end[0] - start[0], end[1] - start[1]
+    if dx == dy == 0:
+        raise ActionParseError(f"a precise swipe needs distinct start and end points, got {list(start)} twice")
+    if abs(dy) >= abs(dx):
+        return "up" if dy < 0 else "down"
+    return "left" if dx < 0 else "right"
+
+
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _CALL_RE = re.compile(r"\b(do|finish)\s*\(", re.DOTALL)
 _FENCE_RE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+# The harness reading: an <answer> or <ans> body, closed or running to the end (MobileRL's extract_think_ans);
+# the last line of a fenced block (AndroidLab's "* Operation:" block); the call after "Action:".
+_HARNESS_ANSWER_RE = re.compile(r"<(answer|ans)>(.*?)(?:</\1>|$)", re.DOTALL)
+_HARNESS_FENCE_RE = re.compile(r"```.*?([\s\S]+?)```")
+_ACTION_PREFIX_RE = re.compile(r"^\s*Action:\s*")
+# A text= / message= string that ends the call runs to the first '")' (MobileRL's v4 executor).
+_LAST_STRING_RE = re.compile(r'^(.*?\b(?:text|message)\s*=\s*)"(.*?)"(\s*\).*)$', re.DOTALL)
+_NEXT_ARG_RE = re.compile(r'"\s*,\s*[A-Za-z_]\w*\s*=')  # `", app="…`: another argument, not an inner quote
 
 
 def extract_answer(text: str) -> str:
@@ -148,20 +202,78 @@ def extract_answer(text: str) -> str:
     return text.strip()
 
 
+def harness_body(text: str) -> str:
+    """The action text the official harnesses would execute from a response.
+
+    MobileRL (``android_lab/evaluation``): the ``<answer>`` or ``<ans>`` body, also when unterminated; else
+    what follows ``</think>``. AndroidLab (``evaluation/definition.py``, ``page_executor``): the last line
+    of the first fenced block; of several lines, the first holding ``Action:``, read without that label.
+    MobileRL's v4 executor: quotes inside a ``text=``/``message=`` string that ends the call are the text's
+    own, unless one is followed by ``, name=`` (MobileRL would type ``a", clear="yes``; here that is a
+    malformed argument list). Leading zeros (``[012, …]``) and raw newlines in strings are handled by
+    :func:`_parse_call` with ``lenient=True``.
+    """
+    m = _HARNESS_ANSWER_RE.search(text)
+    if m is not None:
+        body = m.group(2)
+    else:
+        _, sep, rest = text.partition("</think>")
+        body = rest if sep else text
+    fence = _HARNESS_FENCE_RE.search(body)
+    if fence is not None:
+        body = fence.group(1).strip().split("\n")[-1]
+    lines = body.strip().split("\n")
+    if len(lines) > 1:
+        body = next((line for line in lines if "Action:" in line), body)
+    body = _ACTION_PREFIX_RE.sub("", body).strip()
+    last = _LAST_STRING_RE.match(body)
+    if last is not None and not _NEXT_ARG_RE.search(last.group(2)):
+        head, value, tail = last.groups()
+        body = f'{head}"{_escape_bare_quotes(value)}"{tail}'
+    return body
+
+
+def _escape_bare_quotes(value: str) -> str:
+    """``value`` with each ``"`` that no backslash escapes written ``\\"``."""
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "\\":
+            out.append(value[i:i + 2])
+            i += 2
+            continue
+        out.append('\\"' if value[i] == '"' else value[i])
+        i += 1
+    return "".join(out)
+
+
 def parse_action(text: str) -> Action:
-    """Parse one action from a bare call or a full ``<think>…</think><answer>…</answer>`` response."""
+    """Parse one action from a bare call or a full ``<think>…</think><answer>…</answer>`` response.
+
+    The strict reading (:func:`extract_answer`) decides whenever it yields an action, so what it accepted
+    before the harness reading existed parses exactly as it did; only text it rejects is read again by
+    :func:`harness_body`, and its error is the one raised when neither reading yields an action.
+    """
     if not isinstance(text, str):
         raise ActionParseError(f"expected a string, got {type(text).__name__}")
     if len(text) > MAX_RESPONSE_CHARS:
         raise ActionParseError(f"response longer than {MAX_RESPONSE_CHARS} characters")
-    body = _FENCE_RE.sub("", extract_answer(text)).strip()
+    try:
+        return _parse_call(_FENCE_RE.sub("", extract_answer(text)).strip(), lenient=False)
+    except ActionParseError as strict_error:
+        try:
+            return _parse_call(harness_body(text), lenient=True)
+        except ActionParseError:
+            raise strict_error from None
+
+
+def _parse_call(body: str, *, lenient: bool) -> Action:
     if not body:
         raise ActionParseError("empty action")
     calls = _CALL_RE.findall(body)
     if not calls:
         raise ActionParseError(f"no do(...) or finish(...) call in {body[:80]!r}")
     try:
-        tree = ast.parse(_literal_backslashes(body), mode="eval")
+        tree = ast.parse(_normalize_literals(body, lenient=lenient), mode="eval")
     except SyntaxError as e:
         raise ActionParseError(f"malformed action {body[:80]!r}: {e.msg}") from None
     call = tree.body
@@ -199,6 +311,8 @@ def parse_action(text: str) -> Action:
         return Action(FINISH, message=message if isinstance(message, str) else None)
     required, optional = _SIGNATURES[name]
     missing = required - kwargs.keys()
+    if name == SWIPE and "direction" not in kwargs and not {"start", "end"} <= kwargs.keys():
+        missing = {"direction"}
     if missing:
         raise ActionParseError(f"{name} needs argument(s) {sorted(missing)}")
     unknown = kwargs.keys() - required - optional
@@ -207,9 +321,13 @@ def parse_action(text: str) -> Action:
     for key in ("text", "app", "direction", "dist"):
         if key in kwargs and not isinstance(kwargs[key], str):
             raise ActionParseError(f"{name}: {key} must be a string")
+    if "clear" in kwargs and not isinstance(kwargs["clear"], bool):
+        raise ActionParseError(f"{name}: clear must be True or False")
     element = kwargs.get("element")
     if element is not None and not isinstance(element, list):
         raise ActionParseError(f"{name}: element must be a list [x1,y1,x2,y2]")
+    if isinstance(element, list) and len(element) == 2:
+        element = element * 2  # a point [x, y] is the box [x, y, x, y], as MobileRL's evaluation reads it
     index = kwargs.get("index")
     if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
         raise ActionParseError(f"{name}: index must be an integer")
@@ -217,7 +335,8 @@ def parse_action(text: str) -> Action:
         raise ActionParseError(f"{name} needs argument element=[x1,y1,x2,y2] (or index=i)")
     if element is not None and index is not None:
         raise ActionParseError(f"{name} takes element=[...] or index=i, not both")
-    if name == SWIPE and "dist" not in kwargs:
+    start, end = kwargs.get("start"), kwargs.get("end")
+    if name == SWIPE and "dist" not in kwargs and start is None:
         kwargs["dist"] = "medium"
     return Action(
         name,
@@ -227,6 +346,9 @@ def parse_action(text: str) -> Action:
         direction=kwargs.get("direction"),  # type: ignore[arg-type]
         dist=kwargs.get("dist"),  # type: ignore[arg-type]
         index=index,  # type: ignore[arg-type]
+        clear=kwargs.get("clear", False),  # type: ignore[arg-type]
+        start=tuple(start) if isinstance(start, list) else start,  # type: ignore[arg-type]
+        end=tuple(end) if isinstance(end, list) else end,  # type: ignore[arg-type]
     )
 
 
@@ -235,11 +357,14 @@ def parse_action(text: str) -> Action:
 _ESCAPES = frozenset("\\\"'n")
 
 
-def _literal_backslashes(body: str) -> str:
+def _normalize_literals(body: str, *, lenient: bool) -> str:
     r"""``body`` with each backslash in a string literal that starts none of the escapes :func:`_quote`
     writes (``\\``, ``\"``, ``\n``; and ``\'``) doubled, so that :mod:`ast` reads the literal in that
     grammar, not Python's: ``text="555-\2"`` ends in the two characters ``\2``, not in U+0002, and
-    ``text="C:\x"`` is a path, not a truncated ``\x`` escape. Raw literals (``r"..."``) are left as they are."""
+    ``text="C:\x"`` is a path, not a truncated ``\x`` escape. Raw literals (``r"..."``) are left as they are.
+
+    ``lenient`` (the harness reading) also writes a raw newline in a string as ``\n`` and drops leading
+    zeros from integers outside strings (``[012, 0450]``), as MobileRL's and AndroidLab's executors do."""
     out: list[str] = []
     quote, raw, i, n = "", False, 0, len(body)
     while i < n:
@@ -247,6 +372,12 @@ def _literal_backslashes(body: str) -> str:
         if not quote:
             if c in "\"'":
                 quote, raw = c, i > 0 and body[i - 1] in "rR"
+            elif (lenient and c == "0" and body[i + 1:i + 2].isdigit()
+                  and not (i > 0 and (body[i - 1].isalnum() or body[i - 1] in "_."))):
+                while body[i + 1:i + 2] == "0" and body[i + 2:i + 3].isdigit():
+                    i += 1  # keep the last zero of "000" and the digits of "0012"
+                i += 1
+                continue
             out.append(c)
             i += 1
         elif c == "\\":
@@ -260,7 +391,7 @@ def _literal_backslashes(body: str) -> str:
         else:
             if c == quote:
                 quote = ""
-            out.append(c)
+            out.append("\\n" if lenient and c == "\n" else c)
             i += 1
     return "".join(out)
 
@@ -270,8 +401,8 @@ def _canonical_name(name: str) -> str:
     for n in ACTION_NAMES:
         if n.lower() == key:
             return n
-    if key in {"longpress", "long-press"}:
-        return LONG_PRESS
+    if key in _ALIASES:
+        return _ALIASES[key]
     raise ActionParseError(f"unknown action {name!r}; expected one of {', '.join(ACTION_NAMES)}")
 
 
@@ -279,6 +410,8 @@ def _literal(arg: str, node: ast.expr) -> object:
     if isinstance(node, ast.Constant) and (isinstance(node.value, str) or node.value is None):
         return node.value
     if arg == "index" and isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if arg == "clear" and isinstance(node, ast.Constant) and isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.List | ast.Tuple):
         values = []
@@ -295,11 +428,18 @@ def _literal(arg: str, node: ast.expr) -> object:
             else:
                 raise ActionParseError(f"{arg}: list items must be integer literals")
         return values
-    raise ActionParseError(f"{arg}: only string literals, integer lists and an integer index are allowed")
+    raise ActionParseError(
+        f"{arg}: only string literals, integer lists, an integer index and clear=True/False are allowed"
+    )
 
 
 def _quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    r"""``s`` as a string literal both this parser and MobileRL's v4 executor read back: in double quotes
+    unless it holds a quote or a backslash, then in single quotes. (MobileRL rewrites the body of
+    ``text="…")`` with :func:`re.sub`, which turns ``\"`` into a syntax error and ``\\`` into an escape
+    of the next character; it leaves single-quoted strings to Python.)"""
+    q = "'" if '"' in s or "\\" in s else '"'
+    return q + s.replace("\\", "\\\\").replace(q, "\\" + q).replace("\n", "\\n") + q
 
 
 def format_action(action: Action) -> str:
@@ -311,10 +451,14 @@ def format_action(action: Action) -> str:
         parts.append("element=[" + ",".join(str(v) for v in action.element) + "]")
     if action.index is not None:
         parts.append(f"index={action.index}")
+    if action.start is not None and action.end is not None:
+        parts.append(f"start=[{action.start[0]},{action.start[1]}], end=[{action.end[0]},{action.end[1]}]")
     for key in ("text", "app", "direction", "dist"):
         value = getattr(action, key)
         if value is not None:
             parts.append(f"{key}={_quote(value)}")
+    if action.clear:
+        parts.append("clear=True")
     return "do(" + ", ".join(parts) + ")"
 
 
@@ -343,11 +487,15 @@ def to_absolute(box: Box, width: int, height: int) -> Box:
 
 
 def convert_action(action: Action, width: int, height: int, to: str) -> Action:
-    """Convert an action's element between ``"relative"`` and ``"absolute"`` coordinates."""
-    if action.element is None:
+    """Convert an action's element and precise-swipe points between ``"relative"`` and ``"absolute"``."""
+    if action.element is None and action.start is None:
         return action
-    if to == "relative":
-        return replace(action, element=to_relative(action.element, width, height))
-    if to == "absolute":
-        return replace(action, element=to_absolute(action.element, width, height))
-    raise ValueError(f"to must be 'relative' or 'absolute', got {to!r}")
+    if to not in ("relative", "absolute"):
+        raise ValueError(f"to must be 'relative' or 'absolute', got {to!r}")
+    conv = to_relative if to == "relative" else to_absolute
+
+    def point(p: Point | None) -> Point | None:
+        return None if p is None else conv((*p, *p), width, height)[:2]
+
+    element = None if action.element is None else conv(action.element, width, height)
+    return replace(action, element=element, start=point(action.start), end=point(action.end))

@@ -4,12 +4,17 @@ Every device command goes through one :class:`AdbRunner`, so the same code runs 
 (:class:`SubprocessAdbRunner`) or recorded outputs (:class:`RecordedAdbRunner`, the tests). Observing is
 ``uiautomator dump`` + ``screencap``; actions are ``input`` / ``monkey`` commands.
 
-Swipe geometry (AppAgent/AndroidLab's controller): the finger starts at the element's centre (the screen's
-without one) and moves *in* ``direction`` by ``k * (width // 10)`` horizontally, twice that vertically,
-k = 1, 2, 3 for short/medium/long, clamped to the screen ("up" reveals what is below).
+Swipe geometry (AndroidLab's ``and_controller.py``): the finger starts at the element's centre (the
+screen's without one) and moves *in* ``direction`` by ``k * (width // 10)`` horizontally, twice that
+vertically, k = 1, 2, 10 for short/medium/long, clamped to the screen ("up" reveals what is below).
+MobileRL's controller moves 2.5 times as far horizontally (``swipe_horizontal=2.5``). A precise swipe
+(``start``/``end``) goes from point to point.
 
-:meth:`AdbEnv.evaluate` returns ``None`` without a ``verifier``. ``input text`` types ASCII only
-(non-ASCII: ``adb_keyboard=True``) and cannot type a literal "%s".
+Type types word by word, as android_world's ``adb_utils.type_text`` does (one ``input text`` per word and
+per space, Enter per newline). ``clear=True`` (or ``clear_before_type``) first moves to the line's end and
+deletes up to 100 characters, as AndroidLab's and MobileRL's controllers do. ``input text``
+types ASCII only and cannot type a literal "%s"; non-ASCII text goes through ADBKeyBoard's broadcast when
+ADBKeyBoard is the input method. :meth:`AdbEnv.evaluate` returns ``None`` without a ``verifier``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,19 @@ from typing import Protocol
 
 from PIL import Image
 
-from mobilerl.env.actions import BACK, FINISH, HOME, LAUNCH, LONG_PRESS, SWIPE, TAP, TYPE, WAIT, Action
+from mobilerl.env.actions import (
+    BACK,
+    ENTER,
+    FINISH,
+    HOME,
+    LAUNCH,
+    LONG_PRESS,
+    SWIPE,
+    TAP,
+    TYPE,
+    WAIT,
+    Action,
+)
 from mobilerl.env.base import EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
 
 # AndroidWorld's apps (and a few system ones) by the names agents use in Launch(app=...).
@@ -70,7 +87,9 @@ LAUNCHER_PACKAGES: frozenset[str] = frozenset(
 )
 
 DUMP_PATH = "/sdcard/window_dump.xml"
-SWIPE_STEPS = {"short": 1, "medium": 2, "long": 3}
+SWIPE_STEPS = {"short": 1, "medium": 2, "long": 10}  # tenths of the screen width (AndroidLab, MobileRL)
+CLEAR_DELETES = 100  # DEL presses that clear a field (AndroidLab, MobileRL)
+ADB_KEYBOARD_IME = "com.android.adbkeyboard/.AdbIME"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Characters the device shell (mksh) would interpret; backslash-escaping a harmless one is a no-op.
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^=")
@@ -187,21 +206,38 @@ def extract_hierarchy(output: str) -> str:
     return output[start : end + len("</hierarchy>")]
 
 
-def swipe_points(action: Action, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int]]:
+def swipe_points(
+    action: Action, width: int, height: int, horizontal: float = 1.0
+) -> tuple[tuple[int, int], tuple[int, int]]:
     """Start and end points of a Swipe action (see the module docstring for the geometry)."""
+
+    def clamp(x: int, y: int) -> tuple[int, int]:
+        return min(max(x, 0), width - 1), min(max(y, 0), height - 1)
+
+    if action.start is not None and action.end is not None:
+        return clamp(*action.start), clamp(*action.end)
     if action.direction is None:
         raise EnvError("Swipe needs a direction")
     x, y = action.center if action.center is not None else (width // 2, height // 2)
-    unit = width // 10
-    k = SWIPE_STEPS[action.dist or "medium"]
-    dx, dy = {
-        "up": (0, -2 * unit * k),
-        "down": (0, 2 * unit * k),
-        "left": (-unit * k, 0),
-        "right": (unit * k, 0),
-    }[action.direction]
-    end = (min(max(x + dx, 0), width - 1), min(max(y + dy, 0), height - 1))
-    return (x, y), end
+    unit = width // 10 * SWIPE_STEPS[action.dist or "medium"]
+    side = round(unit * horizontal)
+    dx, dy = {"up": (0, -2 * unit), "down": (0, 2 * unit), "left": (-side, 0), "right": (side, 0)}[action.direction]
+    return (x, y), clamp(x + dx, y + dy)
+
+
+def input_words(text: str) -> list[str]:
+    """``input text`` arguments that type ``text`` word by word (``%s`` per space); ``"\n"`` means Enter."""
+    out: list[str] = []
+    for i, line in enumerate(text.split("\n")):
+        if i:
+            out.append("\n")
+        words = line.split(" ")
+        for j, word in enumerate(words):
+            if word:
+                out.append(escape_input_text(word))
+            if j < len(words) - 1:
+                out.append("%s")
+    return out
 
 
 # -- the env --------------------------------------------------------------------------------------------
@@ -216,7 +252,10 @@ class AdbEnv:
         verifier: ``verifier(env, task) -> float | None`` used by :meth:`evaluate`.
         task_setup: ``task_setup(env, task)`` run by :meth:`reset` after going home (seed app data, …).
         settle_s: pause after each action before observing; wait_s: what ``Wait`` sleeps.
-        adb_keyboard: type non-ASCII text through the ADBKeyBoard IME broadcast.
+        swipe_horizontal: horizontal swipe length relative to AndroidLab's (2.5: MobileRL's controller).
+        clear_before_type: clear the field before every Type, as AndroidLab's controller does.
+        adb_keyboard: type non-ASCII text through ADBKeyBoard's broadcast: True always, False never, None
+            when ADBKeyBoard is the device's input method.
         sleep: the sleep function (tests pass a no-op).
     """
 
@@ -233,7 +272,9 @@ class AdbEnv:
         wait_s: float = 3.0,
         long_press_ms: int = 1000,
         swipe_ms: int = 400,
-        adb_keyboard: bool = False,
+        swipe_horizontal: float = 1.0,
+        clear_before_type: bool = False,
+        adb_keyboard: bool | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.runner: AdbRunner = runner if runner is not None else SubprocessAdbRunner(serial)
@@ -247,6 +288,8 @@ class AdbEnv:
         self.wait_s = wait_s
         self.long_press_ms = long_press_ms
         self.swipe_ms = swipe_ms
+        self.swipe_horizontal = swipe_horizontal
+        self.clear_before_type = clear_before_type
         self.adb_keyboard = adb_keyboard
         self.sleep = sleep
         self.task: TaskSpec | str | None = None
@@ -347,39 +390,48 @@ class AdbEnv:
             else:
                 self.shell("input", "swipe", str(x), str(y), str(x), str(y), str(self.long_press_ms))
         elif name == SWIPE:
-            (x1, y1), (x2, y2) = swipe_points(action, *self.screen_size)
+            (x1, y1), (x2, y2) = swipe_points(action, *self.screen_size, self.swipe_horizontal)
             self.shell("input", "swipe", str(x1), str(y1), str(x2), str(y2), str(self.swipe_ms))
         elif name == TYPE:
-            return self.type_text(action.text or "")
+            return self.type_text(action.text or "", clear=action.clear)
         elif name == LAUNCH:
             return self.launch(action.app or "")
         elif name == BACK:
             self.shell("input", "keyevent", "KEYCODE_BACK")
         elif name == HOME:
             self.shell("input", "keyevent", "KEYCODE_HOME")
+        elif name == ENTER:
+            self.shell("input", "keyevent", "KEYCODE_ENTER")
         elif name == WAIT:
             self.sleep(self.wait_s)
         else:
             raise EnvError(f"AdbEnv cannot execute {name!r}")
         return {}
 
-    def type_text(self, text: str) -> dict:
-        if not text:
-            return {}
+    def type_text(self, text: str, clear: bool = False) -> dict:
+        if not text.isascii() and not self.uses_adb_keyboard():
+            return {
+                "error": "non-ASCII text cannot be typed with `input text`: install ADBKeyBoard and make it the "
+                f"input method (`adb shell ime set {ADB_KEYBOARD_IME}`), or pass adb_keyboard=True"
+            }
+        if clear or self.clear_before_type:
+            self.shell("input", "keyevent", "KEYCODE_MOVE_END")
+            self.shell("input", "keyevent", *["KEYCODE_DEL"] * CLEAR_DELETES)
         if not text.isascii():
-            if not self.adb_keyboard:
-                return {
-                    "error": "non-ASCII text cannot be typed with `input text`; install ADBKeyBoard and set adb_keyboard=True"
-                }
             b64 = base64.b64encode(text.encode("utf-8")).decode("ascii")
             self.shell("am", "broadcast", "-a", "ADB_INPUT_B64", "--es", "msg", b64)
             return {}
-        for i, line in enumerate(text.split("\n")):
-            if i:
+        for word in input_words(text):
+            if word == "\n":
                 self.shell("input", "keyevent", "KEYCODE_ENTER")
-            if line:
-                self.shell("input", "text", escape_input_text(line))
+            else:
+                self.shell("input", "text", word)
         return {}
+
+    def uses_adb_keyboard(self) -> bool:
+        if self.adb_keyboard is not None:
+            return self.adb_keyboard
+        return self.shell("settings", "get", "secure", "default_input_method").strip() == ADB_KEYBOARD_IME
 
     def package_for(self, app: str) -> str | None:
         if app in self.app_packages:

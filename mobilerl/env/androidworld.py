@@ -3,9 +3,11 @@
 The API is google-research/android_world's ``server/android_server.py``: scalar arguments are query
 parameters even on POST; only ``/execute_action`` has a JSON body (a ``JSONAction`` dict).
 :func:`to_json_action` maps our actions; the non-obvious parts: Swipe → ``scroll`` in the *opposite*
-direction over the whole screen (element and dist are not forwarded); Type → ``input_text`` at the centre
-of the last tapped element (an error in ``info`` if none); Finish → ``answer`` (with a message), then
-``status`` complete.
+direction over the whole screen (element, dist and a precise swipe's points are not forwarded: JSONAction
+has no point-to-point swipe); Type → ``input_text``, which AndroidWorld's executor follows with Enter, at
+the centre of the element tapped just before (re-tapped to focus it), else into the focused field; Enter →
+``keyboard_enter``; Finish → ``answer`` (with a message), then ``status`` complete. ``Launch app=""``
+is an invalid step (the executor raises on it).
 
 The server exposes no UI tree and no foreground app: observations carry an empty ``<hierarchy/>`` (unless
 ``ui_dump`` is given) and ``app=""``. It serves one emulator and one suite: use one client per server.
@@ -20,7 +22,19 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from mobilerl.env.actions import BACK, FINISH, HOME, LAUNCH, LONG_PRESS, SWIPE, TAP, TYPE, WAIT, Action
+from mobilerl.env.actions import (
+    BACK,
+    ENTER,
+    FINISH,
+    HOME,
+    LAUNCH,
+    LONG_PRESS,
+    SWIPE,
+    TAP,
+    TYPE,
+    WAIT,
+    Action,
+)
 from mobilerl.env.base import EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
 
 DEFAULT_URL = "http://localhost:5000"
@@ -63,21 +77,26 @@ def to_json_action(action: Action, last_tap: tuple[int, int] | None = None) -> l
         x, y = action.center
         return [{"action_type": "click" if name == TAP else "long_press", "x": x, "y": y}]
     if name == TYPE:
-        if last_tap is None:
-            raise EnvError("AndroidWorld's input_text taps a field before typing: tap the text field first")
-        return [{"action_type": "input_text", "text": action.text or "", "x": last_tap[0], "y": last_tap[1]}]
+        typed: dict[str, Any] = {"action_type": "input_text", "text": action.text or ""}
+        if last_tap is not None:
+            typed |= {"x": last_tap[0], "y": last_tap[1]}
+        return [typed | {"clear_text": True}] if action.clear else [typed]
     if name == SWIPE:
         if action.direction is None:
             raise EnvError("Swipe needs a direction")
         return [{"action_type": "scroll", "direction": SCROLL_FOR_SWIPE[action.direction]}]
     if name == LAUNCH:
-        return [{"action_type": "open_app", "app_name": action.app or ""}]
+        if not action.app:
+            raise EnvError("Launch needs an app name")
+        return [{"action_type": "open_app", "app_name": action.app}]
     if name == BACK:
         return [{"action_type": "navigate_back"}]
     if name == HOME:
         return [{"action_type": "navigate_home"}]
     if name == WAIT:
         return [{"action_type": "wait"}]
+    if name == ENTER:
+        return [{"action_type": "keyboard_enter"}]
     if name == FINISH:
         out: list[dict[str, Any]] = []
         if action.message:
@@ -219,8 +238,10 @@ class AndroidWorldEnv:
             payloads, info["error"] = [], str(e)
         for payload in payloads:
             self.execute(payload)
-        if action.name == TAP and action.center is not None:
+        if action.name == TAP:
             self._last_tap = action.center
+        elif action.name not in (TYPE, WAIT):
+            self._last_tap = None  # the screen moved on: re-tapping that point could hit anything
         return StepResult(self.observe(), done=action.name == FINISH, info=info)
 
     def evaluate(self) -> float | None:

@@ -3,8 +3,9 @@
 JSON endpoints, all but ``GET /health`` behind ``Authorization: Bearer <token>``: ``POST /reset`` (task id or
 TaskSpec dict; without a session it leases a worker of the :class:`~mobilerl.env.pool.EnvPool`, with one it
 resets that worker), ``/step`` (a ``format_action`` text), ``/evaluate``, ``/close`` and ``GET /stats``.
-Errors: bad token 401, env error 400, unknown session 404, unparsable action 422, no free worker 503. Idle
-sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
+Errors, each documented per operation in the OpenAPI schema with the body ``{"detail": ...}``: bad token 401,
+env error, unknown task or a body that is not JSON 400, unknown session 404, ended session 409, malformed body or unparsable action
+422, no free worker 503. Idle sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
 503, later calls on that session 409. :class:`RemoteEnv` is the client: transport errors, 5xx, 404 and 409
 raise :class:`~mobilerl.env.base.EnvCrashed`, other 4xx :class:`~mobilerl.env.base.EnvError`.
 """
@@ -76,7 +77,8 @@ def backend_factory(backend: str, render: bool = False, seed: int = 0) -> Callab
 
 class ResetRequest(BaseModel):
     task: str | dict[str, Any] = Field(
-        description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec dict"
+        description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec dict",
+        examples=["world/test/ContactsAddContact/3"],
     )
     session: str | None = Field(
         default=None, description="reset this session's worker instead of leasing one"
@@ -90,6 +92,65 @@ class StepRequest(BaseModel):
 
 class SessionRequest(BaseModel):
     session: str
+
+
+class WireObservation(BaseModel):
+    """:meth:`~mobilerl.env.base.Observation.to_wire`."""
+
+    xml: str = Field(description="raw uiautomator dump")
+    app: str = Field(description="foreground app name")
+    width: int
+    height: int
+    step: int
+    screenshot_png_b64: str | None = Field(description="the screenshot as base64 PNG, null without one")
+
+
+class ResetResponse(BaseModel):
+    session: str = Field(description="the session id every later call names")
+    observation: WireObservation
+
+
+class StepResponse(BaseModel):
+    observation: WireObservation
+    done: bool
+    info: dict[str, Any] = Field(description="the backend's step info, made JSON-safe")
+
+
+class EvaluateResponse(BaseModel):
+    reward: float | None = Field(description="the verifier's reward; null for a task without one")
+
+
+class CloseResponse(BaseModel):
+    closed: bool
+    ended: str | None = Field(default=None, description="why the session had already ended, if it had")
+
+
+class HealthResponse(BaseModel):
+    status: str
+    workers: int
+    idle: int
+    size: int
+
+
+class ErrorResponse(BaseModel):
+    detail: str | list[dict[str, Any]] = Field(
+        description="what was wrong: a message, or FastAPI's list of body validation errors (422)"
+    )
+
+
+_ERRORS = {
+    400: "the env rejected the call (e.g. an unknown task), or the body is not JSON",
+    401: "missing or invalid bearer token",
+    404: "unknown session",
+    409: "the session has ended (closed, expired, or its worker crashed)",
+    422: "malformed request body, TaskSpec or action",
+    503: "no env worker available, or the session's worker crashed or timed out",
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses an operation answers."""
+    return {c: {"model": ErrorResponse, "description": _ERRORS[c]} for c in codes}
 
 
 def _json_safe(value: Any) -> Any:
@@ -240,7 +301,7 @@ def create_app(
             log.exception("env call failed")
             raise HTTPException(500, f"{type(e).__name__}: {e}") from e
 
-    @router.post("/reset")
+    @router.post("/reset", response_model=ResetResponse, responses=_errors(400, 401, 404, 409, 422, 503))
     async def reset(req: ResetRequest, request: Request) -> dict[str, Any]:
         state = state_of(request)
         try:
@@ -266,7 +327,7 @@ def create_app(
             session.last_used = time.monotonic()
         return {"session": session.id, "observation": obs.to_wire()}
 
-    @router.post("/step")
+    @router.post("/step", response_model=StepResponse, responses=_errors(400, 401, 404, 409, 422, 503))
     async def step(req: StepRequest, request: Request) -> dict[str, Any]:
         state = state_of(request)
         try:
@@ -283,7 +344,7 @@ def create_app(
             "info": _json_safe(result.info),
         }
 
-    @router.post("/evaluate")
+    @router.post("/evaluate", response_model=EvaluateResponse, responses=_errors(400, 401, 404, 409, 422, 503))
     async def evaluate(req: SessionRequest, request: Request) -> dict[str, Any]:
         state = state_of(request)
         session = state.get(req.session)
@@ -292,7 +353,8 @@ def create_app(
             session.last_used = time.monotonic()
         return {"reward": reward}
 
-    @router.post("/close")
+    @router.post("/close", response_model=CloseResponse, response_model_exclude_none=True,
+                 responses=_errors(400, 401, 404, 422))
     async def close(req: SessionRequest, request: Request) -> dict[str, Any]:
         state = state_of(request)
         if req.session in state.ended:  # closing an ended session is harmless
@@ -302,7 +364,7 @@ def create_app(
             state.end(session, "closed by the client")
         return {"closed": True}
 
-    @router.get("/stats")
+    @router.get("/stats", response_model=dict[str, int], responses=_errors(401))
     async def stats(request: Request) -> dict[str, Any]:
         state = state_of(request)
         return {
@@ -312,7 +374,7 @@ def create_app(
             **state.pool.stats.to_dict(),
         }
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse)
     async def health(request: Request) -> dict[str, Any]:
         state = state_of(request)
         return {"status": "ok", "workers": state.pool.live, "idle": state.pool.idle, "size": state.pool.size}

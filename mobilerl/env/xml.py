@@ -1,11 +1,13 @@
 """UI-XML compression for the agent's observation (MobileRL Appendix C).
 
 A uiautomator dump (from a device or the simulator) becomes one line per kept node, in document order:
-``Class;flags;label;[x1,y1][x2,y2]``, e.g. ``Switch;checkable checked;ON;[888,460][1032,580]``. Off-screen
-nodes (zero area, or not inside the screen and their parent) go with their subtree unless
-``keep_offscreen``; of the rest a node is kept iff one of checkable, checked, clickable, focusable,
-scrollable, long-clickable, password, selected is true (``flags``, in this order) or it has a label: its
-text, content-desc, or ``text | desc`` when they differ, newlines as ``\\n``. Missing attributes count as
+``Class;flags;label;[x1,y1][x2,y2]``, e.g. ``Switch;checkable checked;ON;[888,460][1032,580]``. A node is
+kept iff it is on screen and one of checkable, checked, clickable, focusable, scrollable, long-clickable,
+password, selected is true (``flags``, in this order) or it has a label: its text, content-desc, or
+``text | desc`` when they differ, newlines as ``\\n``. On screen means non-zero area, inside the screen and
+inside the nearest kept ancestor; ``keep_offscreen`` keeps the rest too. A dropped node takes only itself
+away: its children are judged on their own against the nearest kept ancestor, as AndroidLab's and
+MobileRL's compressors do (a chat bubble overhanging its row stays visible). Missing attributes count as
 false; malformed XML raises ``ValueError``. ``numbered=True`` prefixes ``[i]`` for Set-of-Mark grounding;
 :func:`compress_nodes` returns the kept nodes, so an index maps back to its bounds.
 """
@@ -96,24 +98,20 @@ def compress_nodes(
     screen: Box = (0, 0, width, height)
     out: list[UINode] = []
 
-    def visit(node: ET.Element, parent: Box) -> None:
+    def visit(node: ET.Element, ref: Box) -> None:
+        """``ref``: the box of the nearest kept on-screen ancestor (the screen at the top)."""
         b = _bounds(node.get("bounds"))
-        if b is None:
-            # No usable bounds: nothing to tap; its children are judged against the parent's box.
-            for c in node:
-                if c.tag == "node":
-                    visit(c, parent)
-            return
-        onscreen = b[2] > b[0] and b[3] > b[1] and _inside(b, screen) and _inside(b, parent)
-        if not onscreen and not keep_offscreen:
-            return
-        flags = tuple(f for f in FLAGS if node.get(f) == "true")
-        label = _label(node.get("text") or "", node.get("content-desc") or "")
-        if flags or label:
-            out.append(UINode((node.get("class") or "View").rsplit(".", 1)[-1], flags, label, b))
+        kept_here = False
+        if b is not None:
+            onscreen = b[2] > b[0] and b[3] > b[1] and _inside(b, screen) and _inside(b, ref)
+            flags = tuple(f for f in FLAGS if node.get(f) == "true")
+            label = _label(node.get("text") or "", node.get("content-desc") or "")
+            if (onscreen or keep_offscreen) and (flags or label):
+                out.append(UINode((node.get("class") or "View").rsplit(".", 1)[-1], flags, label, b))
+                kept_here = onscreen
         for c in node:
             if c.tag == "node":
-                visit(c, b if onscreen else parent)
+                visit(c, b if kept_here and b is not None else ref)
 
     for t in tops:
         visit(t, screen)
@@ -137,3 +135,190 @@ def compress_xml(
     if numbered:
         return "\n".join(f"[{i}] {n.line()}" for i, n in enumerate(nodes))
     return "\n".join(n.line() for n in nodes)
+
+
+# -- the official MobileRL observation (its harness' "v4" tree) ------------------------------------------
+
+TREE_GRID = 999  # the v4 tree's boxes, and the answers that name them, run from 0 to 999 on either axis
+TREE_HEADER = (f"The screenshot's size is {TREE_GRID}x{TREE_GRID}. The value in bounds is relative to the "
+               "screenshot's size.\nThe tree structure description of the current screenshot is shown:")
+_ACTIONS = (("clickable", "click"), ("scrollable", "scroll"), ("long-clickable", "long-click"),
+            ("checkable", "check"))
+
+
+class _Node:
+    """A mutable node of the dump while :func:`compress_tree` rewrites it."""
+
+    __slots__ = ("a", "box", "kids", "func", "action")
+
+    def __init__(self, el: ET.Element) -> None:
+        self.a = el.attrib
+        self.box = _bounds(el.get("bounds")) or (0, 0, 0, 0)
+        self.kids = [_Node(c) for c in el if c.tag == "node"]
+        self.func = self.action = ""
+
+    def on(self, flag: str) -> bool:
+        return self.a.get(flag) == "true"
+
+    def area(self) -> int:
+        return (self.box[2] - self.box[0]) * (self.box[3] - self.box[1])
+
+    def walk(self) -> list[_Node]:
+        out = [self]
+        for k in self.kids:
+            out.extend(k.walk())
+        return out
+
+
+def compress_tree(xml: str, width: int, height: int) -> str:
+    """The official MobileRL harness' observation of a dump (its ``v4`` tree; what the released checkpoints
+    were trained on), as observed from THUDM/MobileRL's ``android_lab/utils_mobile/xml_tool.py``.
+
+    A header, then one line per kept node, indented four spaces a level: ``Class;actions;label;[x1,y1,x2,y2]``
+    with boxes on the 0-999 grid (``int(v * 999 / size)``). Nodes go as in :func:`compress_nodes` (only
+    themselves, children re-judged), except that the screen's edge is not checked and a node under 0.5 % of
+    the largest node's width or height goes too. A clickable or long-clickable node of at most half the
+    screen absorbs the labels of its plain descendants (``own|child|grandchild``) and keeps only its
+    clickable, long-clickable or scrollable ones as children; a label-less container is lifted out where a
+    deeper node carries content. A node whose grid box repeats an earlier one keeps its pixel box, as the
+    harness does (it maps grid boxes back to pixels through that table)."""
+    root = parse_dump(xml)
+    if width <= 0 or height <= 0:
+        raise ValueError(f"compress_tree needs the screen size, got {width}x{height}")
+    top = _Node(ET.Element("hierarchy"))
+    top.kids = [_Node(c) for c in ([root] if root.tag == "node" else root) if c.tag == "node"]
+    nodes = top.walk()[1:]
+    biggest = max(nodes, key=_Node.area, default=None)  # the first of the largest, in document order
+    max_w, max_h = (biggest.box[2] - biggest.box[0], biggest.box[3] - biggest.box[1]) if biggest else (0, 0)
+    _prune(top, None, max_w, max_h)
+    for parent in top.walk():
+        for n in parent.kids:
+            text, desc = n.a.get("text", ""), n.a.get("content-desc", "")
+            n.func = text + (" " + desc if desc else "")
+            n.action = " ".join(v for k, v in _ACTIONS if n.on(k)) or ("focusable" if n.on("focusable") else "")
+            if "material_clock_face" in parent.a.get("resource-id", ""):  # the clock face's numbers take taps
+                n.action += " click"
+    _merge_clickable(top, width * height)
+    _lift_containers(top)
+    return "\n".join([TREE_HEADER, *_tree_lines(top, width, height)])
+
+
+def _prune(n: _Node, box: Box | None, max_w: int, max_h: int) -> None:
+    """Drop invalid, tiny and empty nodes, each alone: its children take its place and are judged in turn
+    against the nearest kept ancestor's ``box``."""
+    out: list[_Node] = []
+    queue = list(n.kids)
+    n.kids = out
+    while queue:
+        c = queue.pop(0)
+        x1, y1, x2, y2 = c.box
+        valid = x1 >= 0 and y1 >= 0 and x1 < x2 and y1 < y2 and (box is None or _inside(c.box, box))
+        keep = (valid and x2 - x1 > max_w * 0.005 and y2 - y1 > max_h * 0.005
+                and (any(c.on(f) for f in FLAGS) or bool(c.a.get("text") or c.a.get("content-desc"))))
+        if keep:
+            out.append(c)
+            _prune(c, c.box, max_w, max_h)
+        else:
+            queue[:0] = c.kids
+
+
+def _merge_clickable(top: _Node, screen_area: int) -> None:
+    def takes_input(c: _Node) -> bool:
+        return c.on("clickable") or c.on("long-clickable") or c.on("scrollable")
+
+    def absorb(n: _Node, kept: list[_Node]) -> str:
+        text = n.func
+        for c in n.kids:
+            if takes_input(c):
+                kept.append(c)
+            elif t := absorb(c, kept):
+                text += "|" + t
+        return text
+
+    everything = top.walk()[1:]
+    # the harness lists clickable nodes, then long-clickable ones (a node that is both is merged twice)
+    for n in [m for m in everything if m.on("clickable")] + [m for m in everything if m.on("long-clickable")]:
+        if n.area() <= 0.5 * screen_area:
+            kept: list[_Node] = []
+            text = absorb(n, kept)
+            n.func = text[1:] if text.startswith("|") else text
+            n.kids = kept
+
+
+def _lift_containers(top: _Node) -> None:
+    """Where a node carries content, splice out each content-less ancestor above its parent (a clickable
+    wrapper around one child), that child moving to its grandparent's last-but-one place as the harness'
+    ``insert(-1)`` puts it; children are walked by next sibling, as lxml iterates a changing tree."""
+    parent: dict[int, _Node] = {}
+    for n in top.walk():
+        for c in n.kids:
+            parent[id(c)] = n
+    gone: set[int] = set()
+
+    def has_content(c: _Node) -> bool:
+        return (len(c.kids) > 1 or any(c.on(f) for f in FLAGS if f not in ("clickable", "focusable"))
+                or bool(c.a.get("text") or c.a.get("content-desc")))
+
+    def after(c: _Node) -> _Node | None:
+        sibs = parent[id(c)].kids
+        i = sibs.index(c) + 1
+        return sibs[i] if i < len(sibs) else None
+
+    def visit(n: _Node, chain: list[tuple[_Node, bool]]) -> None:
+        c = n.kids[0] if n.kids else None
+        while c is not None:
+            nxt = after(c)
+            content = has_content(c)
+            here = chain
+            if content:
+                for p, p_content in chain[:-1]:
+                    if not p_content and id(p) not in gone:
+                        g = parent[id(p)]
+                        for j, v in enumerate(list(p.kids)):
+                            g.kids.insert(-1 + j, v)
+                            parent[id(v)] = g
+                        p.kids = []
+                        g.kids.remove(p)
+                        gone.add(id(p))
+                here = chain[-1:]
+            visit(c, [*here, (c, content)])
+            c = nxt
+
+    visit(top, [(top, True)])
+
+
+def _tree_lines(top: _Node, width: int, height: int) -> list[str]:
+    fx, fy = TREE_GRID / width, TREE_GRID / height
+    grid_of: dict[tuple[int, ...], tuple[Box, bool]] = {}  # grid box -> (the pixel box it stands for, matchable)
+    shown: dict[int, tuple[int, ...]] = {}
+    half = 0.5 * width * height
+    for n in top.walk()[1:]:
+        x1, y1, x2, y2 = n.box
+        g = (int(x1 * fx), int(y1 * fy), int(x2 * fx), int(y2 * fy))
+        matchable = ((n.on("clickable") or n.on("long-clickable")) and n.area() <= half) or \
+            (not (n.on("clickable") or n.on("long-clickable")) and n.on("scrollable"))
+        if g in grid_of:
+            seen_box, seen_matchable = grid_of[g]
+            if not matchable:
+                continue  # the grid box stands for another node: this one keeps its pixels
+            seen_area = (seen_box[2] - seen_box[0]) * (seen_box[3] - seen_box[1])
+            if seen_matchable and seen_box != n.box and n.area() > seen_area:
+                continue
+        grid_of[g] = (n.box, matchable)
+        shown[id(n)] = g
+    lines: list[str] = []
+
+    def emit(n: _Node, depth: int) -> None:
+        status = ""
+        if n.on("checkable"):
+            status += " checked" if n.on("checked") else " unchecked"
+        status += " password" * n.on("password") + " selected" * n.on("selected")
+        box = shown.get(id(n), n.box)
+        cls = (n.a.get("class") or "").rsplit(".", 1)[-1]
+        lines.append(f"{' ' * 4 * depth}{cls};{n.action}{status};{n.func};[{box[0]},{box[1]},{box[2]},{box[3]}]")
+        for c in n.kids:
+            emit(c, depth + 1)
+
+    for n in top.kids:
+        emit(n, 1)
+    return lines

@@ -43,23 +43,21 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
     from mobilerl.agent.model_policy import ModelPolicy
     from mobilerl.models.backends import make_backend, profile_spec
     from mobilerl.models.generation import SamplingConfig
-    from mobilerl.models.profiles import load_profile
+    from mobilerl.models.profiles import load_profile, system_prompt_of
 
     try:
         profile = load_profile(cfg.profile)
     except KeyError as e:
         raise ValueError(f"evaluate.profile: {e.args[0]}") from None
     g = profile.generation
-    if g.kind == "openai":
-        raise ValueError(f"evaluate.profile: {cfg.profile!r} serves through kind 'openai' (a server with its own "
-                         f"weights); checkpoint policies need kind 'hf' or 'vllm'")
-    path = checkpoint_path(spec, root)
-    backend = make_backend({**profile_spec(profile), "model": str(path), "name": name, **(backend_overrides or {})})
+    # through kind 'openai' the server holds the weights: the checkpoint's path is the model name it serves
+    model = spec.path if g.kind == "openai" else str(checkpoint_path(spec, root))
+    backend = make_backend({**profile_spec(profile), "model": model, "name": name, **(backend_overrides or {})})
     sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=spec.max_new_tokens or g.max_new_tokens,
                               seed=cfg.seed)
     return ModelPolicy(backend, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
                        reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style,
-                       coords=g.coords, reuse_greedy=cfg.reuse_greedy)
+                       coords=g.coords, system_prompt=system_prompt_of(profile), reuse_greedy=cfg.reuse_greedy)
 
 
 def checkpoint_factory(name: str, cfg: dict[str, Any], root: str,

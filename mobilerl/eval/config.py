@@ -18,7 +18,8 @@ BASELINES = ("oracle", "random")
 class CheckpointSpec(StageConfig):
     """A checkpoint policy (``evaluate.checkpoints.<name>``); a bare string is its ``path``."""
 
-    path: str = Field(description="Model directory, relative to the repo (or absolute).")
+    path: str = Field(description="Model directory, relative to the repo (or absolute); for a profile served "
+                                  "through kind 'openai', the model name the server serves.")
     reasoning: bool = Field(False, description="Prompt for <think> before the answer (reasoning checkpoints).")
     max_new_tokens: int | None = Field(None, ge=1, description="Response cap (default: the profile's).")
     max_tasks: int | None = Field(None, ge=1, description="Cap on tasks per suite for this checkpoint "
@@ -104,6 +105,10 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
 
 
 def _check_model_dir(name: str, cfg: EvaluateConfig, root: Path) -> None:
+    from mobilerl.models.profiles import load_profile  # lazy: config parsing needs no profile otherwise
+
+    if load_profile(cfg.profile).generation.kind == "openai":
+        return  # the server holds the weights; the checkpoint names its model
     path = checkpoint_path(cfg.checkpoints[name], root)
     if not (path / "config.json").is_file():
         raise ValueError(f"evaluate.checkpoints.{name}: {path} is not a model directory (no config.json); "

@@ -66,14 +66,20 @@ class GenerationSettings(_Strict):
     """How the profile's checkpoints are served and prompted (evaluation, RL rollouts).
 
     ``obs_mode`` / ``prompt_style`` / ``max_history`` must be what the checkpoints were trained on: they
-    are part of the prompt format (:mod:`mobilerl.agent.prompt`), not a speed knob.
+    are part of the prompt format (:mod:`mobilerl.agent.prompt`), not a speed knob. ``prompt_style:
+    mobilerl`` is the official MobileRL harness' chat and observation tree (its released checkpoints).
     """
 
     kind: Literal["hf", "vllm", "openai"] = Field("hf", description="Generation backend.")
     max_batch: int = Field(16, ge=1, description="HF micro-batch size.")
     obs_mode: Literal["xml", "screenshot", "screenshot+xml"] = Field(
         "screenshot+xml", description="What the policy sees of the screen.")
-    prompt_style: Literal["full", "compact"] = Field("full", description="System prompt style.")
+    prompt_style: Literal["full", "compact", "mobilerl"] = Field(
+        "full", description="Prompt style: full / compact system prompt, or mobilerl (the official MobileRL chat, "
+                            "its observation tree and 0-999 answers; needs coords rel).")
+    system_prompt_file: str | None = Field(
+        None, description="A text file (absolute, or relative to the repo) whose contents replace the style's "
+                          "system prompt, e.g. the official harness' own prompt text saved by the user.")
     max_history: int | None = Field(None, ge=0, description="Previous responses shown (None: all).")
     coords: Literal["abs", "rel", "marks"] = Field(
         "abs", description="Coordinate frame: pixels, the 0-999 grid, or marks (numbered lines, index actions).")
@@ -83,6 +89,12 @@ class GenerationSettings(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism.")
     max_model_len: int | None = Field(None, description="vLLM context length.")
     base_url: str | None = Field(None, description="OpenAI-compatible server (kind=openai).")
+
+    @model_validator(mode="after")
+    def _mobilerl_grid(self) -> GenerationSettings:
+        if self.prompt_style == "mobilerl" and self.coords != "rel":
+            raise ValueError("coords: prompt_style mobilerl answers on its 0-999 grid, so coords must be rel")
+        return self
 
 
 class ModelProfile(_Strict):
@@ -132,3 +144,14 @@ def load_profile(name: str) -> ModelProfile:
     if profile.sft.deepspeed and not (ROOT / profile.sft.deepspeed).is_file():
         raise ValueError(f"{path}: sft.deepspeed: {profile.sft.deepspeed} does not exist")
     return profile
+
+
+def system_prompt_of(profile: ModelProfile) -> str | None:
+    """The text of ``generation.system_prompt_file`` (None when unset); a missing file is an error naming it."""
+    f = profile.generation.system_prompt_file
+    if f is None:
+        return None
+    p = Path(f) if Path(f).is_absolute() else ROOT / f
+    if not p.is_file():
+        raise ValueError(f"profile {profile.name}: generation.system_prompt_file: {p} does not exist")
+    return p.read_text(encoding="utf-8").strip()

@@ -35,9 +35,12 @@ class SimEnv:
 
     # -------------------------------------------------------------------------------- Env protocol
     def reset(self, task: TaskSpec | str) -> Observation:
-        spec = get_task(task, with_optimal=False) if isinstance(task, str) else task
-        self.task = spec
-        self.tmpl = template(spec.suite, spec.template)
+        try:
+            spec = get_task(task, with_optimal=False) if isinstance(task, str) else task
+            tmpl = template(spec.suite, spec.template)
+        except KeyError as e:  # a task the registry does not know is the caller's error, not the env's
+            raise EnvError(f"cannot reset to task {task!r}: {e.args[0] if e.args else e}") from None
+        self.task, self.tmpl = spec, tmpl
         self.device = Device(seed=spec.seed, perturb=self.perturb)
         with content.recording(self.device.planted):
             self.tmpl.setup(self.device, spec.params)
