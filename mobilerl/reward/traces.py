@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -202,7 +203,8 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
                 raise RuntimeError(f"reward_traces: {res.leaks_blocked} episodes of {store} still held planted "
                                    f"values after masking ({dict(res.leaked_categories)}); nothing of them stored")
             stores.append(out / "stores" / store)
-            per_store[store] = {"episodes": res.n_episodes, "errors": res.n_errors, "positive": 0}
+            per_store[store] = {"episodes": res.n_episodes, "errors": res.n_errors, "positive": 0,
+                                "wall_s": round(res.wall_s, 1)}
             for traj in iter_store(out / "stores" / store):
                 if traj.error is not None:  # an env or policy failure says nothing about success
                     continue
@@ -218,8 +220,10 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
         if not kept[s] or len({r["label"] for r in kept[s]}) < 2:
             raise ValueError(f"reward_traces: the {s} split has traces of one class only "
                              f"({Counter(r['label'] for r in rows[s])}); add policies or tasks")
+    t0 = time.perf_counter()
     report = audit(stores, ocr=cfg.audit_ocr_images > 0, ocr_max_images=cfg.audit_ocr_images or None,
                    seed=cfg.seed)
+    audit_s = time.perf_counter() - t0
     write_report(report, out / "privacy_report.json")
     with (out / "index.jsonl").open("w", encoding="utf-8") as f:
         for s in SPLITS:
@@ -227,7 +231,7 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
                 f.write(json.dumps(r, sort_keys=True) + "\n")
     return {
         "stores": per_store,
-        "privacy": {k: v for k, v in report.summary().items() if k != "stores"},
+        "privacy": {**{k: v for k, v in report.summary().items() if k != "stores"}, "wall_s": round(audit_s, 1)},
         **{s: {"collected": len(rows[s]), "kept": len(kept[s]),
                "positive": sum(r["label"] for r in kept[s]),
                "label_flips": sum(r["label"] != r["true_label"] for r in rows[s]),

@@ -181,7 +181,7 @@ def evaluate(cfg: RewardModelConfig, model_dir: Path, train_items: Sequence, tes
     from mobilerl.models.backends import profile_spec
     from mobilerl.models.profiles import load_profile
 
-    spec = {k: v for k, v in profile_spec(load_profile(cfg.profile)).items() if k not in ("kind", "model")}
+    spec = {k: v for k, v in profile_spec(load_profile(cfg.profile)).items() if k != "model"}
     judge = RewardModel.from_checkpoint(model_dir, spec, max_new_tokens=cfg.max_new_tokens)
     trajs = [t for t, _, _ in test_items]
     roots = [root for _, _, root in test_items]
@@ -207,7 +207,7 @@ def evaluate(cfg: RewardModelConfig, model_dir: Path, train_items: Sequence, tes
                                 "label": int(row["label"]), "score": s, "pred": p}) + "\n")
     shown = {"right": 0, "wrong": 0}
     for (traj, row, root), p in sorted(zip(test_items, pred, strict=True),
-                                       key=lambda it: not any(s.screenshot_path for s in it[0].steps)):
+                                       key=lambda it: not any(s.screenshot_path for s in it[0][0].steps)):
         kind = "right" if p == int(row["label"]) else "wrong"
         if shown[kind] < cfg.examples:
             render_png(traj, root, eval_dir / "examples" / f"{kind}_{shown[kind]}.png")
