@@ -52,6 +52,8 @@ class RewardTracesConfig(StageConfig):
 
     train_per_template: int = Field(3, ge=1, description="lab/train tasks per template (40 templates).")
     test_per_template: int = Field(2, ge=1, description="lab/test tasks per template: the held-out traces.")
+    max_tasks: int | None = Field(None, ge=1, description="Cap on tasks per split, spread over the templates "
+                                                          "(null: no cap; smoke runs).")
     oracle: bool = Field(True, description="Roll out the oracle (near-always successful traces).")
     slip_rates: list[float] = Field([0.1, 0.3, 0.6], description="Noisy oracles: per-step probability of a "
                                                                  "random action instead of the expert's.")
@@ -180,8 +182,8 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
     from mobilerl.data.store import iter_store
 
     masking = MaskingOptions(mode=cfg.mask_mode, image_max_side=cfg.image_max_side, seed=cfg.seed)
-    tasks = {"train": load_tasks("lab", "train", cfg.train_per_template, tasks_root),
-             "test": load_tasks("lab", "test", cfg.test_per_template, tasks_root)}
+    tasks = {"train": spread(load_tasks("lab", "train", cfg.train_per_template, tasks_root), cfg.max_tasks),
+             "test": spread(load_tasks("lab", "test", cfg.test_per_template, tasks_root), cfg.max_tasks)}
     overlap = {t.task_id for t in tasks["train"]} & {t.task_id for t in tasks["test"]}
     if overlap:
         raise ValueError(f"lab train and test task lists share tasks: {sorted(overlap)[:3]}")
