@@ -9,7 +9,8 @@ by a majority vote of three proprietary judges (train tasks) or the rule-based r
   directories exist, and the random policy;
 - **labels** — the verifier on ``lab/test``; on ``lab/train``, whose verifiers are hidden from training code,
   the simulator's own check (:func:`~mobilerl.env.sim.env.hidden_ground_truth`) stands in for the vote,
-  flipped with probability ``label_noise`` to model the vote's bias;
+  flipped with probability ``label_noise`` to model the vote's bias. An episode its policy cut short (a noisy
+  oracle's script that no longer finds its element after a slip) is a failure; one the env cut short is dropped;
 - **split by task** — ``lab/train`` traces train the judge, ``lab/test`` traces are held out (the two splits
   share no task), each with balanced classes (the majority class downsampled);
 - **privacy** — every episode goes through :func:`mobilerl.data.collect.collect` (masked in memory before
@@ -208,8 +209,8 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
             per_store[store] = {"episodes": res.n_episodes, "errors": res.n_errors, "positive": 0,
                                 "wall_s": round(res.wall_s, 1)}
             for traj in iter_store(out / "stores" / store):
-                if traj.error is not None:  # an env or policy failure says nothing about success
-                    continue
+                if traj.error is not None and not traj.error.startswith("policy:"):
+                    continue  # an env failure says nothing about the policy; a policy that gave up failed
                 truth = int(traj.finished and traj.reward == 1.0)
                 label = noisy_label(truth, f"{store}/{traj.episode_id}", cfg.label_noise, cfg.seed) \
                     if split == "train" else truth
