@@ -135,8 +135,8 @@ def test_score_is_p_yes_from_the_answer_digits_logprob():
     backend = _Backend({"Task: add milk": ("<think>ok</think><answer>1</answer>", 0.8),
                         "Task: add eggs": ("0", 0.7), "Task: add bread": ("no idea", 1.0)})
     rm = J.RewardModel(backend, J.JudgeSettings(answer="think"))
-    scores = rm.score([_traj("add milk"), _traj("add eggs"), _traj("add bread")])
-    assert scores[0] == pytest.approx(0.8) and scores[1] == pytest.approx(0.3) and scores[2] == 0.0
+    scores = rm.score([_traj("add bread"), _traj("add milk"), _traj("add eggs")])  # batched shortest first
+    assert scores[0] == 0.0 and scores[1] == pytest.approx(0.8) and scores[2] == pytest.approx(0.3)
     assert rm.unparsed == 1
     system, user = backend.requests[0].messages
     assert "<answer>1</answer>" in system["content"] and user["content"] == text_form(_traj("add milk"))

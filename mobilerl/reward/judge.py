@@ -152,11 +152,15 @@ class RewardModel:
         roots = list(store_roots) if store_roots is not None else [None] * len(trajectories)
         if len(roots) != len(trajectories):
             raise ValueError(f"{len(trajectories)} trajectories but {len(roots)} store roots")
-        requests = []
-        for traj, root in zip(trajectories, roots, strict=True):
-            messages, images = await asyncio.to_thread(judge_messages, traj, self.settings, root)
-            requests += [ChatRequest(messages, images or None)] * self.samples
-        gens = await self.backend.generate(requests, self.sampling) if requests else []
+        chats = [await asyncio.to_thread(judge_messages, traj, self.settings, root)
+                 for traj, root in zip(trajectories, roots, strict=True)]
+        # prompts of like length batched together: padding, not the model, was most of a batch's prefill
+        order = sorted(range(len(chats)), key=lambda i: len(chats[i][0][1]["content"]))
+        requests = [ChatRequest(chats[i][0], chats[i][1] or None) for i in order for _ in range(self.samples)]
+        gens_sorted = await self.backend.generate(requests, self.sampling) if requests else []
+        gens = [None] * len(requests)
+        for rank, i in enumerate(order):
+            gens[i * self.samples:(i + 1) * self.samples] = gens_sorted[rank * self.samples:(rank + 1) * self.samples]
         token_text = getattr(self.backend, "token_text", None)
         scores = []
         for i in range(len(trajectories)):

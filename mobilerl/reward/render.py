@@ -144,7 +144,7 @@ def draw_action(img: Image.Image, action: dict | None, screen_size: tuple[int, i
         length = frac * (img.height if dy else img.width)
         _arrow(d, (cx - dx * length / 2, cy - dy * length / 2), (cx + dx * length / 2, cy + dy * length / 2), w)
     banner = {A.TYPE: f'type: "{action.get("text") or ""}"', A.LAUNCH: f"launch: {action.get('app')}",
-              A.FINISH: f'finish: "{action.get("message") or ""}"'}.get(name)
+              A.FINISH: f'finish: "{action.get("message")}"' if action.get("message") else "finish"}.get(name)
     if banner is None and name in (A.BACK, A.HOME, A.WAIT):
         banner = name.lower()
     if banner:
