@@ -10,6 +10,7 @@ policy's world/test episodes when they exist; the report folder goes to MLflow a
 from __future__ import annotations
 
 import json
+import shutil
 
 from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, read_json, write_json
@@ -21,6 +22,8 @@ OFFLINE = ROOT / "data" / "eval" / "offline.json"  # checkpoint policies only; a
 SAMPLED = ROOT / "data" / "eval" / "sampled.json"  # the pass@k sampling study (evaluate.pass_k); absent in older runs
 RL_CURVE = ROOT / "data" / "checkpoints" / "adagrpo.curve.jsonl"
 TRAJECTORIES = ROOT / "data" / "eval" / "trajectories"
+REWARD = ROOT / "data" / "reward" / "metrics.json"  # the reward_model stage's held-out figures
+REWARD_EXAMPLES = ROOT / "data" / "reward" / "eval" / "examples"
 REPORTS = ROOT / "reports"
 
 
@@ -31,9 +34,16 @@ def main() -> None:
     sampled = read_json(SAMPLED) if SAMPLED.is_file() else {}
     curve = [json.loads(x) for x in RL_CURVE.read_text().splitlines()] if RL_CURVE.is_file() else []
     world = {p: read_jsonl(f) for p in (RL_BEFORE, RL_AFTER) if (f := TRAJECTORIES / f"{p}__world.jsonl").is_file()}
+    reward = read_json(REWARD) if REWARD.is_file() else None
+    examples = []
+    if reward and REWARD_EXAMPLES.is_dir():
+        (REPORTS / "figures").mkdir(parents=True, exist_ok=True)
+        for png in sorted(REWARD_EXAMPLES.glob("right_*.png"))[:2] + sorted(REWARD_EXAMPLES.glob("wrong_*.png"))[:2]:
+            shutil.copyfile(png, REPORTS / "figures" / f"reward_{png.name}")
+            examples.append(f"reward_{png.name}")
     with tracking.stage_run("report", cfg.model_dump()) as run:
         md, metrics = build_report(summary, cfg, REPORTS / "figures", offline, sampled, curve,
-                                   template_table(world, RL_BEFORE, RL_AFTER))
+                                   template_table(world, RL_BEFORE, RL_AFTER), reward, examples)
         (REPORTS / "report.md").write_text(md)
         metrics["report_mlflow_run_id"] = run.info.run_id
         write_json(REPORTS / "metrics.json", metrics)

@@ -231,3 +231,21 @@ def test_report_shows_the_rl_curve_and_templates_before_and_after(tmp_path):
     assert (tmp_path / "rl_curve.png").is_file()
     assert metrics["rl"]["success_first5"] == pytest.approx(0.02)
     assert metrics["rl"]["success_last5"] == pytest.approx(0.08)
+
+
+def test_report_puts_the_reward_models_held_out_figures_beside_its_baselines(tmp_path):
+    from mobilerl.eval.report import ReportConfig, build_report
+
+    def figures(tp, fp, tn, fn):
+        n = tp + fp + tn + fn
+        p, r = tp / max(1, tp + fp), tp / max(1, tp + fn)
+        return {"n": n, "accuracy": (tp + tn) / n, "precision": p, "recall": r, "f1": 2 * p * r / max(1e-9, p + r),
+                "confusion": {"tp": tp, "fp": fp, "tn": tn, "fn": fn}}
+
+    reward = {**figures(74, 17, 60, 3), "baselines": {"majority_class": figures(77, 77, 0, 0)},
+              "by_policy": {"oracle": figures(39, 0, 0, 1)}}
+    md, metrics = build_report({}, ReportConfig(), tmp_path, reward=reward, reward_examples=["reward_wrong_0.png"])
+    assert metrics["reward_model"]["accuracy"] == pytest.approx(134 / 154) and metrics["reward_model"]["n"] == 154
+    assert "| trained judge | 154 | 0.870 | 0.813 | 0.961 | 0.881 | 74 / 17 / 60 / 3 |" in md
+    assert "| baseline: majority class | 154 | 0.500 |" in md and "| oracle | 40 |" in md
+    assert "![reward_wrong_0](figures/reward_wrong_0.png)" in md

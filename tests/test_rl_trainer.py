@@ -30,7 +30,7 @@ from mobilerl.rl.batch import (
 )
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loss import policy_loss
-from mobilerl.rl.trainer import Trainer, make_groups, score_groups
+from mobilerl.rl.trainer import Trainer, judge_rewards, make_groups, score_groups
 from mobilerl.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +168,29 @@ def test_env_failures_are_dropped_not_scored_and_all_failed_groups_give_no_loss(
     score_groups(groups, 1.0, 2.0, torch.Generator().manual_seed(0))
     assert groups[0].advantages[0] > 0 > groups[0].advantages[1]
     assert groups[1].keep == [0.0, 0.0] and groups[1].advantages == [0.0, 0.0]
+
+
+def test_hidden_verifier_episodes_take_the_judges_verdict_and_lab_share_splits_the_round():
+    class Judge:  # P(completed) alternating high / low
+        def score(self, trajs):
+            return [0.9 if i % 2 == 0 else 0.2 for i in range(len(trajs))]
+
+    lab = [Trajectory(task_id=f"lab/train/T/{i}", has_verifier=False, steps=[], finished=True) for i in range(3)]
+    world = Trajectory(task_id="world/train/T/0", success=False, reward=0.0, steps=[], finished=True)
+    broken = Trajectory(task_id="lab/train/T/9", has_verifier=False, error="policy: boom", steps=[])
+    assert judge_rewards([*lab, world, broken], Judge()) == 3
+    assert [t.success for t in lab] == [True, False, True] and [t.reward for t in lab] == [1.0, 0.0, 1.0]
+    assert world.reward == 0.0 and not broken.success and lab[0].meta["judge_p"] == 0.9
+
+    with pytest.raises(ValueError, match="rl.reward_model"):
+        RLConfig(lab_share=0.2)
+    cfg = RLConfig(lab_share=0.25, reward_model="data/reward/model", overrides={"train_batch_size": 8, "kl_coef": 0.0})
+    trainer = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
+    base = short_tasks(1)[0]
+    pool = [dataclasses.replace(base, task_id=f"{s}/train/T/{i}", suite=s, has_verifier=s == "world")
+            for s in ("world", "lab") for i in range(10)]
+    chosen = trainer.sample_tasks(pool, 0)
+    assert sum(t.suite == "world" for t in chosen) == 6 and sum(t.suite == "lab" for t in chosen) == 2
 
 
 RUN = """

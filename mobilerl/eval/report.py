@@ -278,9 +278,11 @@ def plot_sampled(sampled: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
 
 def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: dict | None = None,
                  sampled: dict | None = None, rl_curve: list[dict] | None = None,
-                 rl_templates: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict]:
+                 rl_templates: dict[str, dict[str, Any]] | None = None, reward: dict | None = None,
+                 reward_examples: list[str] | None = None) -> tuple[str, dict]:
     """The report's figures (written into ``figures_dir``), its Markdown and its metrics JSON; with the `rl`
-    stage's curve, its section (:func:`rl_section`, before = the RL init ``RL_BEFORE``)."""
+    stage's curve, its section (:func:`rl_section`, before = the RL init ``RL_BEFORE``); with the reward model's
+    held-out metrics, its section (:func:`reward_section`)."""
     figures = plot(summary, cfg, figures_dir) + plot_sampled(sampled or {}, cfg, figures_dir)
     md = render_markdown(summary, cfg, figures, offline, sampled)
     metrics = metrics_json(summary, cfg, offline, sampled)
@@ -292,7 +294,35 @@ def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: d
         metrics["rl"] = {"rounds": len(rl_curve),
                          "success_first5": sum(c["rollout/success"] for c in first) / len(first),
                          "success_last5": sum(c["rollout/success"] for c in last) / len(last)}
+    if reward:
+        md = md.rstrip("\n") + "\n\n" + "\n".join(reward_section(reward, reward_examples or []))
+        metrics["reward_model"] = {k: reward[k] for k in ("accuracy", "precision", "recall", "f1", "n")}
     return md, metrics
+
+
+def reward_section(m: dict, examples: list[str]) -> list[str]:
+    """The reward model on held-out traces (the `reward_model` stage's metrics): the judge beside its baselines,
+    per source policy, and a few rendered traces it judged right and wrong (``examples``: figure file names)."""
+
+    def row(name: str, r: dict) -> str:
+        c = r["confusion"]
+        return (f"| {name} | {r['n']} | {r['accuracy']:.3f} | {r['precision']:.3f} | {r['recall']:.3f} | "
+                f"{r['f1']:.3f} | {c['tp']} / {c['fp']} / {c['tn']} / {c['fn']} |")
+
+    lines = ["## Reward model (held-out lab/test traces)", "",
+             "| judge | traces | accuracy | precision | recall | F1 | TP / FP / TN / FN |", "|---|---|---|---|---|---|---|",
+             row("trained judge", m), *(row(f"baseline: {k.replace('_', ' ')}", v)
+                                        for k, v in sorted(m.get("baselines", {}).items()))]
+    if "zero_shot" in m:
+        lines.append(row("zero-shot judge", m["zero_shot"]))
+    if m.get("by_policy"):
+        lines += ["", "Per source policy (trained judge):", "", "| policy | traces | accuracy | precision | recall | "
+                  "F1 | TP / FP / TN / FN |", "|---|---|---|---|---|---|---|",
+                  *(row(k, v) for k, v in sorted(m["by_policy"].items()))]
+    if examples:
+        lines += ["", "Rendered traces (`right_*`: judged correctly, `wrong_*`: not):", ""]
+        lines += [f"![{Path(e).stem}](figures/{e})" for e in examples]
+    return [*lines, ""]
 
 
 RL_BEFORE, RL_AFTER = "sft_reasoning_free", "adagrpo"  # the `rl` stage's init and its policy

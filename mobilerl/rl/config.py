@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mobilerl.config import StageConfig
 from mobilerl.models.profiles import RLSettings, load_profile
@@ -34,6 +34,9 @@ class RLConfig(StageConfig):
     fcf_patience: int = Field(2, ge=1, description="All-zero rounds before a task's cooldown starts.")
     fcf_cooldown: int = Field(3, ge=0, description="Cooldown rounds (weight exp(-f)) before removal.")
     curriculum_init: str | None = Field(None, description="A previous run's curriculum.json to start FCF from.")
+    lab_share: float = Field(0.0, ge=0, le=1, description=(
+        "Share of a round's tasks drawn from lab/train, whose verifier is hidden (the authors mix 4:1: 0.2)."))
+    reward_model: str | None = Field(None, description="Judge checkpoint (the reward_model stage's) scoring lab/train.")
     prune_negatives: float | None = Field(
         2.0, ge=0, description="Keep at most this many negatives per positive in a group (None: all).")
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
@@ -46,6 +49,12 @@ class RLConfig(StageConfig):
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("adagrpo", description="MLflow alias of the trained policy.")
+
+    @model_validator(mode="after")
+    def _judge_for_lab(self) -> RLConfig:
+        if self.lab_share > 0 and not self.reward_model:
+            raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        return self
 
     def settings(self) -> RLSettings:
         """The profile's rl: section with ``overrides`` applied (errors name ``rl.overrides.<key>``)."""

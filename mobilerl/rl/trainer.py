@@ -1,7 +1,8 @@
 """AdaGRPO's training loop (MobileRL §2.2, Appendix B.3), one round at a time::
 
     FCF samples tasks → n rollouts a task (rollout workers, T = 1, token ids + logprobs)
-      → verifier rewards (env failures dropped, never scored 0) → SPA → group advantages
+      → verifier rewards (the reward model's where the verifier is hidden; env failures dropped, never
+        scored 0) → SPA → group advantages
       → AdaPR: replay ≤ ⌊γ·M⌋ buffered successes, push this round's top κ
       → clipped surrogate against behaviour logprobs + k3 KL → one optimiser step
       → weights to the rollout workers → resumable checkpoint every ``checkpoint_every`` rounds
@@ -67,6 +68,18 @@ def make_groups(trajectories: list[Trajectory]) -> tuple[list[Group], int]:
     return [Group(k, v) for k, v in by_task.items()], dropped
 
 
+def judge_rewards(trajectories: list[Trajectory], judge: Any) -> int:
+    """Rewards of the episodes whose task hides its verifier (lab/train): the reward model's verdict, binary as
+    the verifier's (P(completed) ≥ 0.5), in place; an episode that ended in an error stays a failure. Returns
+    how many were judged."""
+    todo = [t for t in trajectories if not t.has_verifier and t.error is None]
+    for t, p in zip(todo, judge.score(todo) if todo else [], strict=True):
+        t.reward = 1.0 if p >= 0.5 else 0.0
+        t.success = t.reward == 1.0
+        t.meta["judge_p"] = float(p)
+    return len(todo)
+
+
 def score_groups(groups: list[Group], spa_alpha: float | None, prune_ratio: float | None,
                  generator: torch.Generator) -> None:
     """SPA rewards, group-relative advantages and the loss mask of every group, in place."""
@@ -106,13 +119,20 @@ class Trainer:
     # ----------------------------------------------------------------------------------------- sampling
 
     def sample_tasks(self, pool: list[TaskSpec], r: int) -> list[TaskSpec]:
+        """The round's tasks: ``lab_share`` of them from the pool's unverified (lab/train) tasks, the rest from
+        its verifiable ones; by FCF weight, or uniformly without FCF."""
         rng = np.random.default_rng(stable_seed(self.cfg.seed, "tasks", r))
-        ids = [t.task_id for t in pool]
-        if self.cfg.fcf:
-            chosen = set(self.curriculum.sample(ids, self.settings.train_batch_size, rng))
-        else:
-            k = min(len(ids), self.settings.train_batch_size)
-            chosen = {ids[i] for i in rng.choice(len(ids), size=k, replace=False)}
+        n = self.settings.train_batch_size
+        n_lab = round(self.cfg.lab_share * n)
+        chosen: set[str] = set()
+        for verified, k in ((True, n - n_lab), (False, n_lab)):
+            ids = [t.task_id for t in pool if t.has_verifier == verified]
+            if k <= 0 or not ids:
+                continue
+            if self.cfg.fcf:
+                chosen |= set(self.curriculum.sample(ids, k, rng))
+            else:
+                chosen |= {ids[i] for i in rng.choice(len(ids), size=min(k, len(ids)), replace=False)}
         return [t for t in pool if t.task_id in chosen]
 
     # ------------------------------------------------------------------------------------------- update
@@ -225,7 +245,7 @@ def round_metrics(groups: list[Group], trajectories: list[Trajectory], dropped: 
 
 def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], work: Path,
           log_metrics: Callable[[dict[str, float], int], None] = lambda m, r: None,
-          progress: bool = True) -> list[dict[str, float]]:
+          progress: bool = True, judge: Any = None) -> list[dict[str, float]]:
     """Rounds ``trainer.round`` … ``cfg.rounds - 1``; returns every round's metrics (the curve, resumed runs
     included: earlier rounds come from ``work/curve.jsonl``)."""
     from safetensors.torch import save_model
@@ -252,6 +272,9 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
                                     weights if r > 0 else None, r)
         rollout_s = time.perf_counter() - tr - load_s
         sync_s += load_s
+        tj = time.perf_counter()
+        judged = judge_rewards(trajs, judge) if judge is not None else 0
+        reward_s = time.perf_counter() - tj
         groups, dropped = make_groups(trajs)
         gen = torch.Generator().manual_seed(stable_seed(cfg.seed, "prune", r) % (2**63))
         score_groups(groups, s.spa_alpha if cfg.spa else None, cfg.prune_negatives, gen)
@@ -267,7 +290,8 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
              "buffer/size": float(len(trainer.buffer)), "buffer/age": trainer.buffer.mean_age(r),
              "curriculum/active": float(counts["active"]), "curriculum/cooldown": float(counts["cooldown"]),
              "curriculum/removed": float(counts["removed"]),
-             "time/rollout_s": rollout_s, "time/train_s": train_s, "time/sync_s": sync_s}
+             "reward/judged": float(judged),
+             "time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/train_s": train_s, "time/sync_s": sync_s}
         if um.get("train/tokens") and train_s > 0:
             m["train/tokens_per_s"] = um["train/tokens"] / train_s
         if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
@@ -275,7 +299,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
             save_atomic(trainer.state_dict(), work / "state.pt")
             m["time/checkpoint_s"] = time.perf_counter() - tc
         m["time/step_s"] = time.perf_counter() - t0
-        m["time/other_s"] = m["time/step_s"] - rollout_s - train_s - sync_s
+        m["time/other_s"] = m["time/step_s"] - rollout_s - reward_s - train_s - sync_s
         curve.append(m)
         with curve_path.open("a") as f:
             f.write(json.dumps(m) + "\n")
@@ -286,19 +310,22 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
 
 
 def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
-    """The train tasks of ``cfg.suite``, per template at most ``tasks_per_template``, of the templates whose test
-    tasks need at most ``templates_max_steps`` optimal steps."""
+    """The train tasks of ``cfg.suite`` (and of lab when ``lab_share`` > 0), per template at most
+    ``tasks_per_template``, of the templates whose test tasks need at most ``templates_max_steps`` optimal steps."""
     from mobilerl.tasks import load_tasks
 
     lists = root / "data" / "tasks" / "suites"
-    pool = load_tasks(cfg.suite, "train", per_template=cfg.tasks_per_template, root=lists)
-    if cfg.templates_max_steps is not None:
-        longest: dict[str, int] = defaultdict(int)
-        for t in load_tasks(cfg.suite, "test", root=lists):
-            longest[t.template] = max(longest[t.template], t.optimal_steps)
-        pool = [t for t in pool if longest.get(t.template, 10**9) <= cfg.templates_max_steps]
-    if not pool:
-        raise ValueError(f"rl: no {cfg.suite}/train task passes templates_max_steps={cfg.templates_max_steps}")
+    pool: list[TaskSpec] = []
+    for suite in [cfg.suite, *(["lab"] if cfg.lab_share > 0 and cfg.suite != "lab" else [])]:
+        tasks = load_tasks(suite, "train", per_template=cfg.tasks_per_template, root=lists)
+        if cfg.templates_max_steps is not None:
+            longest: dict[str, int] = defaultdict(int)
+            for t in load_tasks(suite, "test", root=lists):
+                longest[t.template] = max(longest[t.template], t.optimal_steps)
+            tasks = [t for t in tasks if longest.get(t.template, 10**9) <= cfg.templates_max_steps]
+        if not tasks:
+            raise ValueError(f"rl: no {suite}/train task passes templates_max_steps={cfg.templates_max_steps}")
+        pool += tasks
     return pool
 
 
@@ -342,9 +369,14 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
         obs_mode=g.obs_mode, prompt_style=g.prompt_style, max_history=g.max_history, coords=g.coords,
         reasoning=cfg.reasoning, temperature=s.temperature, max_new_tokens=s.max_new_tokens,
         threads=max(1, (os.cpu_count() or 1) // cfg.rollout_processes), concurrency=cfg.rollout_concurrency)
+    judge = None
+    if cfg.reward_model:
+        from mobilerl.reward.judge import RewardModel
+
+        judge = RewardModel.from_checkpoint(root / cfg.reward_model)
     t0 = time.perf_counter()
     with RolloutWorkers(spec, cfg.rollout_processes) as workers:
-        curve = train(cfg, trainer, workers, pool, work, log_metrics, progress)
+        curve = train(cfg, trainer, workers, pool, work, log_metrics, progress, judge)
     wall = time.perf_counter() - t0
     if out.exists():
         import shutil
