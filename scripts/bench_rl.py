@@ -2,6 +2,7 @@
 throughput against the evaluation path on the same policy and tasks, and the update's tokens/s.
 
     .venv/bin/python scripts/bench_rl.py [--init data/checkpoints/sft_reasoning_free] [--rounds 4]
+        [--reward-model data/checkpoints/reward_model --lab-share 0.2]   # the judge's share of the step
 
 The evaluation path is :func:`mobilerl.eval.runner.evaluate_in_processes` (what the `evaluate` stage runs for
 a checkpoint) at the rollout's temperature, over the same tasks × n episodes; both are measured here, in one run,
@@ -28,6 +29,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tasks-per-round", type=int, default=16)
     ap.add_argument("--templates-max-steps", type=int, default=6)
+    ap.add_argument("--reward-model", default=None, help="judge checkpoint scoring lab/train (with --lab-share)")
+    ap.add_argument("--lab-share", type=float, default=0.0, help="share of a round's tasks from lab/train")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
 
@@ -38,16 +41,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RLConfig(init=args.init, rounds=args.rounds, overrides={"train_batch_size": args.tasks_per_round},
                        templates_max_steps=args.templates_max_steps, work=f"{tmp}/work", out=f"{tmp}/out",
-                       checkpoint_every=args.rounds)
+                       checkpoint_every=args.rounds, lab_share=args.lab_share, reward_model=args.reward_model)
         _, curve = run(cfg, ROOT, progress=False)
     steps = [c["rollout/episodes"] * c["rollout/steps"] for c in curve]
-    keys = ("time/rollout_s", "time/train_s", "time/sync_s", "time/other_s", "time/step_s")
+    keys = ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/other_s", "time/step_s")
     split = {k: float(np.sum([c.get(k, 0.0) for c in curve])) for k in keys}
     rollout_sps = sum(steps) / split["time/rollout_s"]
 
     # the evaluation path on the same policy, tasks and number of episodes (the first round's tasks)
     s = cfg.settings()
-    tasks = [t for t in training_pool(cfg, ROOT)][: args.tasks_per_round]
+    tasks = [t for t in training_pool(cfg, ROOT) if t.has_verifier][: args.tasks_per_round]
 
     factory = functools.partial(sampling_policy, str(ROOT / args.init), cfg.profile, s.temperature, s.max_new_tokens)
     t0 = time.perf_counter()
@@ -74,6 +77,10 @@ def main() -> None:
     print(f"rollout {rollout_sps:.1f} env steps/s; evaluation path {eval_sps:.1f} (ratio "
           f"{figures['rollout_vs_eval_path']:.2f}, target >= 0.80)")
     print(f"update {figures['update_tokens_per_s']:.0f} response tokens/s")
+    if args.reward_model:
+        judged = sum(c.get("reward/judged", 0.0) for c in curve)
+        print(f"reward model: {judged:.0f} episodes judged, {100 * figures['split_of_step']['reward_s']:.1f} % of the step "
+              f"(target <= 20 %)")
 
 
 def sampling_policy(init: str, profile_name: str, temperature: float, max_new_tokens: int):

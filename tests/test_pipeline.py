@@ -86,6 +86,7 @@ def test_overrides_and_presets(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # every stage of the DAG, five of them LLaMA-Factory runs: ~8 min on 2 idle cores
 def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
     """The smoke flow runs every stage under Prefect's test harness and logs nested MLflow runs; then, in
     its working copy, changing one stage's param re-runs only that stage and what depends on it."""
@@ -105,6 +106,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         report = (work / "reports" / "report.md").read_text()
         assert "| oracle |" in report and "| random |" in report
         assert "## AdaGRPO (the `rl` stage)" in report and "2 rounds" in report
+        assert "## Reward model (held-out lab/test traces)" in report and "| trained judge |" in report
         assert (work / "data" / "checkpoints" / "adagrpo" / "model.safetensors").is_file()
         # MLflow: the parent run with one nested run per stage (and the evaluate sub-runs)
         import mlflow
