@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -236,8 +237,11 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before it could be killed"
+    workers = psutil.Process(proc.pid).children(recursive=True)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"rollout workers outlived the killed run: {alive}"
     assert not (root / "out_b").exists()
     subprocess.run([sys.executable, "-c", RUN, cfg("b"), str(root)], check=True, env=env, timeout=600)
     a, b = load_file(root / "out_a" / "model.safetensors"), load_file(root / "out_b" / "model.safetensors")

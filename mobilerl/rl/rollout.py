@@ -41,8 +41,20 @@ class PolicySpec:
 _WORKER: dict[str, Any] = {}
 
 
+def _exit_with_parent() -> None:
+    """A killed trainer (``kill -9``) cannot shut its pool down: each worker leaves when its parent is gone."""
+    import os
+    import threading
+
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
+
+
 def _init_worker(spec: PolicySpec) -> None:
     import torch
+
+    _exit_with_parent()
 
     from mobilerl.agent.model_policy import ModelPolicy
     from mobilerl.models.backends import make_backend
