@@ -290,10 +290,7 @@ def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: d
         fig = plot_rl_curve(rl_curve, figures_dir)
         lines = rl_section(rl_curve, rl_templates or {}, RL_BEFORE, RL_AFTER, fig and Path(fig).name)
         md = md.rstrip("\n") + "\n\n" + "\n".join(lines)
-        first, last = rl_curve[:5], rl_curve[-5:]
-        metrics["rl"] = {"rounds": len(rl_curve),
-                         "success_first5": sum(c["rollout/success"] for c in first) / len(first),
-                         "success_last5": sum(c["rollout/success"] for c in last) / len(last)}
+        metrics["rl"] = rl_summary(rl_curve)
     if reward:
         md = md.rstrip("\n") + "\n\n" + "\n".join(reward_section(reward, reward_examples or []))
         metrics["reward_model"] = {k: reward[k] for k in ("accuracy", "precision", "recall", "f1", "n")}
@@ -342,17 +339,23 @@ def template_table(trajs: dict[str, list], before: str, after: str) -> dict[str,
     return out
 
 
+def rl_summary(curve: list[dict]) -> dict[str, float]:
+    """Rounds and the mean on-policy success of the first and the last 5 rounds (the learning target's figures)."""
+    first, last = curve[:5], curve[-5:]
+    return {"rounds": len(curve), "success_first5": sum(c["rollout/success"] for c in first) / len(first),
+            "success_last5": sum(c["rollout/success"] for c in last) / len(last)}
+
+
 def rl_section(curve: list[dict], templates: dict[str, dict[str, Any]], before: str, after: str,
                figure: str | None) -> list[str]:
     """The RL stage: its training curve (on-policy success before SPA, moving average over 10 rounds), and per
     template the tasks solved and the mean steps of successes before and after RL (templates either solved)."""
     if not curve:
         return []
-    first = [c["rollout/success"] for c in curve[:5]]
-    last = [c["rollout/success"] for c in curve[-5:]]
+    s = rl_summary(curve)
     lines = ["## AdaGRPO (the `rl` stage)", "",
-             f"{len(curve)} rounds; on-policy success (binary, before SPA) {_pct(sum(first) / len(first))} % over "
-             f"the first 5 rounds, {_pct(sum(last) / len(last))} % over the last 5.", ""]
+             f"{s['rounds']} rounds; on-policy success (binary, before SPA) {_pct(s['success_first5'])} % over "
+             f"the first 5 rounds, {_pct(s['success_last5'])} % over the last 5.", ""]
     if figure:
         lines += [f"![training curve](figures/{figure})", ""]
 
