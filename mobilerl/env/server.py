@@ -40,8 +40,13 @@ from mobilerl.env.process_env import ProcessEnv
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "MOBILERL_ENV_TOKEN"
+_BUSY = "no env worker available"  # the 503 detail of a full server (the client tells it from a broken one)
 DEFAULT_PORT = 8765
 BACKENDS = ("sim", "fake", "adb")
+
+
+class EnvServerBusy(EnvCrashed):
+    """The server answered 503 "no env worker available": it is full, not broken (try another server)."""
 
 
 # -- backends -------------------------------------------------------------------------------------------
@@ -314,7 +319,7 @@ def create_app(
             try:
                 env = await state.pool.lease(timeout=state.acquire_timeout)
             except PoolExhausted as e:
-                raise HTTPException(503, f"no env worker available: {e}") from e
+                raise HTTPException(503, f"{_BUSY}: {e}") from e
             session = _Session(uuid.uuid4().hex, env)
             state.sessions[session.id] = session
         async with session.lock:
@@ -463,9 +468,12 @@ class RemoteEnv:
         except httpx.TransportError as e:
             raise EnvCrashed(f"env server {self.base_url} unreachable: {e!r}") from e
         if resp.status_code >= 400:
-            msg = f"env server {path} -> HTTP {resp.status_code}: {_detail(resp)}"
+            detail = _detail(resp)
+            msg = f"env server {self.base_url}{path} -> HTTP {resp.status_code}: {detail}"
             if resp.status_code >= 500 or resp.status_code in (404, 409):
                 self.session = None  # the server lost or ended the session (crash, expiry, restart)
+                if resp.status_code == 503 and detail.startswith(_BUSY):
+                    raise EnvServerBusy(msg)
                 raise EnvCrashed(msg)
             if resp.status_code == 401:
                 raise EnvError(msg + " (check the token)")
@@ -536,6 +544,7 @@ def _detail(resp: httpx.Response) -> str:
 __all__ = [
     "BACKENDS",
     "DEFAULT_PORT",
+    "EnvServerBusy",
     "TOKEN_ENV",
     "RemoteEnv",
     "backend_factory",

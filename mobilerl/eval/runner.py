@@ -21,13 +21,16 @@ import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mobilerl.agent.runner import Episode, PolicyFactory, run_episodes
 from mobilerl.env.base import Env, TaskSpec
 from mobilerl.env.pool import EnvPool, InlineEnv, ThreadEnv
 from mobilerl.env.process_env import ProcessEnv
 from mobilerl.trajectory import JsonlWriter, Trajectory
+
+if TYPE_CHECKING:
+    from mobilerl.env.cluster import EnvServers
 
 
 def _default_env_factory(perturb: str) -> Callable[[], Env]:
@@ -52,6 +55,7 @@ async def evaluate(
     keep_screenshots_dir: str | Path | None = None,
     append: bool = False,
     inline_env: bool | None = None,
+    env_servers: EnvServers | None = None,
 ) -> list[Trajectory]:
     """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
 
@@ -74,6 +78,8 @@ async def evaluate(
         inline_env: run each env's calls on the event loop (:class:`~mobilerl.env.pool.InlineEnv`: no
             timeouts) instead of in threads; default: inline for the built-in simulator (no ``env_factory``),
             threads otherwise. Ignored with ``use_processes``.
+        env_servers: run the episodes on these env servers instead (:mod:`mobilerl.env.cluster`: placement by
+            free capacity, health checks, retries); the env options above are then unused.
 
     An episode whose env crashes, times out or cannot be leased (``error="env: ..."``), or whose policy
     cannot be built (``"policy: ..."``), ends with ``Trajectory.error`` set; the others go on. The pool
@@ -111,9 +117,10 @@ async def evaluate(
         assert writer is not None
         writer.write(ep.trajectory)
 
+    pool = (env_servers.pool(size) if env_servers is not None else
+            EnvPool(worker_factory, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8)))
     try:
-        async with EnvPool(worker_factory, size=size, call_timeout=call_timeout,
-                           start_concurrency=min(size, 8)) as pool:
+        async with pool:
             episodes = await run_episodes(pool, policy_factory, tasks, n_trials=n_trials, base_seed=base_seed,
                                           on_episode=write if writer is not None else None,
                                           keep_screenshots_dir=keep_screenshots_dir, progress=progress, desc="eval")
