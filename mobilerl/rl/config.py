@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mobilerl.config import StageConfig
+from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
 
 
@@ -44,11 +45,20 @@ class RLConfig(StageConfig):
     micro_batch_tokens: int = Field(16384, ge=256, description="Padded tokens per forward in the update.")
     rollout_processes: int = Field(2, ge=1, description="Rollout worker processes (each holds the policy).")
     rollout_concurrency: int = Field(64, ge=1, description="Episodes in flight per rollout worker.")
+    env_servers: list[str] | None = Field(None, description=(
+        "Env server URLs the episodes run on, token from $MOBILERL_ENV_TOKEN (None: the in-process simulator)."))
+    env_pool: EnvServersConfig = Field(default_factory=EnvServersConfig,
+                                       description="Health checks, retries and replay over env_servers.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("adagrpo", description="MLflow alias of the trained policy.")
+
+    @field_validator("env_servers")
+    @classmethod
+    def _urls(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else check_server_urls(v)
 
     @model_validator(mode="after")
     def _judge_for_lab(self) -> RLConfig:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mobilerl.env.base import TaskSpec
+from mobilerl.env.cluster import EnvServers, EnvServersConfig, merge_stats, server_metrics
 from mobilerl.trajectory import Trajectory
 
 
@@ -51,7 +52,8 @@ def _exit_with_parent() -> None:
         threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
 
 
-def _init_worker(spec: PolicySpec) -> None:
+def _init_worker(spec: PolicySpec, env_servers: list[str] | None = None, env_pool: EnvServersConfig | None = None,
+                 share: float = 1.0) -> None:
     import torch
 
     _exit_with_parent()
@@ -66,9 +68,11 @@ def _init_worker(spec: PolicySpec) -> None:
         backend, obs_mode=spec.obs_mode, name="adagrpo", reasoning=spec.reasoning, max_history=spec.max_history,
         prompt_style=spec.prompt_style, coords=spec.coords, reuse_greedy=False,
         sampling=SamplingConfig(temperature=spec.temperature, max_new_tokens=spec.max_new_tokens, seed=0)))
+    if env_servers:
+        _WORKER["envs"] = EnvServers(env_servers, env_pool, share=share)  # health state lasts across rounds
 
 
-def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float]:
+def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float, dict[str, Any] | None]:
     tasks, n, base_seed, weights, version = args
     from mobilerl.eval.runner import evaluate_sync
 
@@ -81,18 +85,24 @@ def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float]:
     sync_s = time.perf_counter() - t0
     policy = _WORKER["policy"]
     policy.version = str(version)
+    envs = _WORKER.get("envs")
     trajs = evaluate_sync(policy.with_seed, tasks, n_trials=n, base_seed=base_seed, progress=False,
-                          concurrency=_WORKER["spec"].concurrency)
-    return [t.to_dict() for t in trajs], sync_s
+                          concurrency=_WORKER["spec"].concurrency, env_servers=envs)
+    return [t.to_dict() for t in trajs], sync_s, envs.take_stats() if envs is not None else None
 
 
 class RolloutWorkers:
-    """``processes`` spawned workers, each with its own copy of the policy (``PolicySpec``)."""
+    """``processes`` spawned workers, each with its own copy of the policy (``PolicySpec``); their episodes run
+    on ``env_servers`` (URLs, token from ``env_pool.token_env``) when given, else on the in-process simulator."""
 
-    def __init__(self, spec: PolicySpec, processes: int = 2) -> None:
+    def __init__(self, spec: PolicySpec, processes: int = 2, env_servers: list[str] | None = None,
+                 env_pool: EnvServersConfig | None = None) -> None:
         self.processes = processes
-        self._pool = ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"),
-                                         initializer=_init_worker, initargs=(spec,))
+        if env_servers:
+            EnvServers(env_servers, env_pool)  # a bad URL or a missing token fails here, not in a worker
+        self._env_stats: dict[str, dict[str, Any]] = {}
+        self._pool = ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                         initargs=(spec, env_servers, env_pool, 1.0 / processes))
 
     def run(self, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None = None,
             version: int = 0) -> tuple[list[Trajectory], float]:
@@ -102,9 +112,14 @@ class RolloutWorkers:
         shards = [list(tasks[i::k]) for i in range(k)]
         w = str(weights) if weights is not None else None
         results = list(self._pool.map(_run_shard, [(s, n, base_seed, w, version) for s in shards]))
-        by_key = {(d["task_id"], d["trial"]): Trajectory.from_dict(d) for r, _ in results for d in r}
+        by_key = {(d["task_id"], d["trial"]): Trajectory.from_dict(d) for r, _, _ in results for d in r}
         out = [by_key[(t.task_id, j)] for t in tasks for j in range(n) if (t.task_id, j) in by_key]
-        return out, max(s for _, s in results)
+        self._env_stats = merge_stats([e for _, _, e in results])
+        return out, max(s for _, s, _ in results)
+
+    def env_metrics(self) -> dict[str, float]:
+        """The last round's per-server figures (``envs/<server>/<figure>``); empty without env servers."""
+        return server_metrics(self._env_stats)
 
     def close(self) -> None:
         self._pool.shutdown(cancel_futures=True)

@@ -291,7 +291,8 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
              "curriculum/active": float(counts["active"]), "curriculum/cooldown": float(counts["cooldown"]),
              "curriculum/removed": float(counts["removed"]),
              "reward/judged": float(judged),
-             "time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/train_s": train_s, "time/sync_s": sync_s}
+             "time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/train_s": train_s, "time/sync_s": sync_s,
+             **getattr(workers, "env_metrics", dict)()}  # envs/<server>/...: with rl.env_servers
         if um.get("train/tokens") and train_s > 0:
             m["train/tokens_per_s"] = um["train/tokens"] / train_s
         if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
@@ -350,7 +351,9 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
     pad = backend.pad_id
     trainer = Trainer(cfg, backend.model, backend.prompt_ids, pad, fmt)
     pool = training_pool(cfg, root)
-    fingerprint = json.dumps({"cfg": cfg.model_dump(), "settings": s.model_dump()}, sort_keys=True)
+    # where the episodes run is not part of what is trained: a replaced env server keeps the run resumable
+    fingerprint = json.dumps({"cfg": cfg.model_dump(exclude={"env_servers", "env_pool"}), "settings": s.model_dump()},
+                             sort_keys=True)
     state_path = work / "state.pt"
     if state_path.exists() and (work / "config.json").exists() and (work / "config.json").read_text() == fingerprint:
         trainer.load_state_dict(torch.load(state_path, weights_only=False))
@@ -375,7 +378,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
 
         judge = RewardModel.from_checkpoint(root / cfg.reward_model)
     t0 = time.perf_counter()
-    with RolloutWorkers(spec, cfg.rollout_processes) as workers:
+    with RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool) as workers:
         curve = train(cfg, trainer, workers, pool, work, log_metrics, progress, judge)
     wall = time.perf_counter() - t0
     if out.exists():
