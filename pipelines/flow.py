@@ -6,7 +6,9 @@ skipped by DVC itself. The flow opens the MLflow parent run; stage processes log
 (``MOBILERL_PARENT_RUN_ID``) tagged with the Prefect flow-run id.
 
 Parameters choose a preset (``configs/presets/<name>.yaml``: params.yaml overrides; none: params.yaml as
-is) and extra ``overrides`` (``{"evaluate.n_trials": 8}``). A run with ``isolated=True`` (the ``smoke``
+is), a ``cluster`` (``configs/clusters/<name>.yaml``: the env servers the `rl` stage runs its episodes on, e.g.
+``local`` for docker/compose.yaml's RL cluster; none: the in-process simulator) and extra ``overrides``
+(``{"evaluate.n_trials": 8}``), applied in that order. A run with ``isolated=True`` (the ``smoke``
 deployment) works in a temporary copy of the repository, so its overrides never touch the workspace;
 otherwise the overrides are written into ``params.yaml`` (as ``dvc exp run --set-param`` does), so
 ``dvc.lock`` records exactly what ran.
@@ -27,6 +29,7 @@ from prefect import flow, get_run_logger, task
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "configs" / "presets"
+CLUSTERS = ROOT / "configs" / "clusters"
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -79,6 +82,21 @@ def load_overrides(preset: str | None, overrides: dict[str, Any] | None) -> dict
         merged.update(flatten(yaml.safe_load(path.read_text()) or {}))
     merged.update(overrides or {})
     return merged
+
+
+def load_cluster(cluster: str) -> dict[str, Any]:
+    """A cluster file (``configs/clusters/<name>.yaml``, or a path) as ``section.key`` overrides: its sections are
+    params.yaml's, and each key's value is taken whole (a URL list, a settings mapping)."""
+    import yaml
+
+    path = Path(cluster) if cluster.endswith((".yaml", ".yml")) else CLUSTERS / f"{cluster}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in CLUSTERS.glob("*.yaml"))
+        raise ValueError(f"unknown cluster {cluster!r}; known: {', '.join(known)} (or a path to a .yaml file)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"{path}: expected params.yaml sections (e.g. `rl:`) of `key: value` entries")
+    return {f"{section}.{key}": value for section, keys in data.items() for key, value in keys.items()}
 
 
 def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> None:
@@ -137,14 +155,17 @@ def run_stage(stage: str, workdir: str, env: dict[str, str]) -> dict[str, Any]:
 
 @flow(name="mobilerl", log_prints=True)
 def mobilerl(preset: str | None = None, overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
-             isolated: bool = False, keep_workdir: bool = False) -> dict[str, Any]:
-    """Run the MobileRL pipeline (all of dvc.yaml, or ``stages`` and what they depend on)."""
+             isolated: bool = False, keep_workdir: bool = False, cluster: str | None = None) -> dict[str, Any]:
+    """Run the MobileRL pipeline (all of dvc.yaml, or ``stages`` and what they depend on); ``cluster`` points the
+    `rl` stage at env servers (configs/clusters/<name>.yaml; None: the in-process simulator)."""
     from prefect.runtime import flow_run
 
     from mobilerl import tracking
 
     log = get_run_logger()
-    merged = load_overrides(preset, overrides)
+    merged = load_overrides(preset, None)
+    merged.update(load_cluster(cluster) if cluster else {})
+    merged.update(overrides or {})
     name = preset or "default"
     workdir = isolated_copy() if isolated else ROOT
     apply_overrides(workdir / "params.yaml", merged)

@@ -11,6 +11,8 @@ from pipelines.flow import mobilerl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", help="a run preset, configs/presets/<name>.yaml (smoke); none: params.yaml as is")
+    ap.add_argument("--cluster", help="env servers for the rl stage, configs/clusters/<name>.yaml (local, docker)")
+    ap.add_argument("--stages", nargs="+", help="only these stages (and what they depend on); default: all")
     ap.add_argument("--isolated", action="store_true", help="run in a temporary copy of the repository")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
                     help="override a params.yaml value, e.g. --set evaluate.n_trials=8")
@@ -24,7 +26,8 @@ def main() -> None:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:
             overrides[key] = value
-    summary = mobilerl(preset=args.preset, overrides=overrides or None, isolated=args.isolated)
+    summary = mobilerl(preset=args.preset, overrides=overrides or None, isolated=args.isolated, cluster=args.cluster,
+                       stages=args.stages)
     print()
     for r in summary["stages"]:
         print(f"  {r['stage']:<22} {r['status']:<11} {r['seconds']:7.1f}s")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mobilerl.config import ParamsError, StageConfig, load_params
-from pipelines.flow import ROOT, apply_overrides, load_overrides, stage_order
+from pipelines.flow import ROOT, apply_overrides, load_cluster, load_overrides, stage_order
 
 
 def test_dag_matches_stage_modules():
@@ -83,6 +83,35 @@ def test_overrides_and_presets(tmp_path):
     assert smoke["evaluate.max_per_template"] == 1 and smoke["evaluate.n_trials"] == 2
     with pytest.raises(ValueError, match="unknown preset"):
         load_overrides("huge", None)
+
+
+def test_cluster_parameter_points_the_rl_stage_at_env_servers(tmp_path):
+    """`cluster=local` becomes whole-value rl overrides that params.yaml takes and the rl config validates; the
+    flow's default (deployment `full`) is no cluster: the in-process simulator."""
+    import inspect
+
+    from mobilerl.rl.config import RLConfig
+    from pipelines.flow import mobilerl
+
+    assert inspect.signature(mobilerl.fn).parameters["cluster"].default is None
+    p = tmp_path / "params.yaml"
+    p.write_text((ROOT / "params.yaml").read_text())
+    assert load_params("rl", RLConfig, p).env_servers is None
+    overrides = load_cluster("local")
+    apply_overrides(p, overrides)
+    cfg = load_params("rl", RLConfig, p)
+    assert cfg.env_servers == [f"http://127.0.0.1:{port}" for port in (8781, 8782, 8783, 8784)]
+    assert cfg.env_pool.health_interval_s == 10 and cfg.env_pool.replay
+    with pytest.raises(ValueError, match="unknown cluster 'nowhere'; known: .*local"):
+        load_cluster("nowhere")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rl: [http://a:1]\n")
+    with pytest.raises(ValueError, match="expected params.yaml sections"):
+        load_cluster(str(bad))
+    bad.write_text("rl:\n  env_servers: [a:1]\n")
+    apply_overrides(p, load_cluster(str(bad)))
+    with pytest.raises(ParamsError, match="rl.env_servers.*'a:1' is not an http"):
+        load_params("rl", RLConfig, p)
 
 
 @pytest.mark.slow
