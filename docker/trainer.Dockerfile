@@ -18,7 +18,10 @@ RUN pip install --upgrade pip setuptools wheel \
 COPY stages ./stages
 COPY pipelines ./pipelines
 COPY configs ./configs
-COPY dvc.yaml params.yaml ./
+COPY dvc.yaml dvc.lock params.yaml ./
+COPY .dvc/config .dvc/config
+# The image has the project's files, not its git history: DVC runs without git here.
+RUN dvc config --local core.no_scm true
 # Weights are mounted, never downloaded: -v /models:/models (see docker/README.md).
 VOLUME ["/models", "/workspace/data", "/workspace/mlruns"]
 ENTRYPOINT ["dvc", "repro"]

