@@ -32,7 +32,7 @@ from mobilerl.env.cluster import (
     server_name,
 )
 from mobilerl.env.fake import BUTTON, CounterEnv
-from mobilerl.env.server import create_app
+from mobilerl.env.server import RemoteEnv, create_app
 from mobilerl.eval.runner import evaluate
 from mobilerl.rl.trainer import make_groups
 
@@ -101,8 +101,8 @@ class ThreadServer:
     """An env server (uvicorn) in a thread, on 127.0.0.1, behind :class:`Faults`; stop() and start() again on the
     same port (a restarted server)."""
 
-    def __init__(self, size: int = 2, factory=CounterEnv):
-        self.size, self.factory = size, factory
+    def __init__(self, size: int = 2, factory=CounterEnv, **app_kwargs):
+        self.size, self.factory, self.app_kwargs = size, factory, app_kwargs
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.faults: Faults | None = None
@@ -110,7 +110,7 @@ class ThreadServer:
         self.thread: threading.Thread | None = None
 
     def start(self) -> ThreadServer:
-        self.faults = Faults(create_app(self.factory, token=TOKEN, size=self.size))
+        self.faults = Faults(create_app(self.factory, token=TOKEN, size=self.size, **self.app_kwargs))
         self.server = uvicorn.Server(uvicorn.Config(self.faults, host="127.0.0.1", port=self.port,
                                                     log_level="warning", timeout_graceful_shutdown=1))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -125,6 +125,12 @@ class ThreadServer:
         if self.server is not None:
             self.server.should_exit = True
             self.thread.join(15)
+
+    def __enter__(self) -> ThreadServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 @contextmanager
@@ -203,6 +209,24 @@ def test_a_failing_reset_is_retried_elsewhere_and_the_server_marked_down_then_ba
         trajs = run(envs, counter_tasks(8))  # the next round's first probe finds it healthy
         st = envs.take_stats()[server_name(bad.url)]
         assert all(t.success for t in trajs) and st["recoveries"] == 1 and st["up"] == 1 and st["episodes"] > 0
+
+
+def test_a_busy_server_is_tried_elsewhere_without_counting_against_its_health():
+    with ThreadServer(3, acquire_timeout=0.2).start() as full, servers(1) as (free,):
+        async def main():
+            others = [RemoteEnv(full.url, TOKEN) for _ in range(3)]  # another client holds its 3 workers
+            for r in others:
+                await r.reset("c/0/1")
+            envs = cluster([full.url, free.url])
+            async with envs.pool(4) as pool, pool.acquire() as env:
+                await env.reset(counter_tasks(1)[0])  # the most free capacity (3) is busy: 503, then elsewhere
+                assert env.worker.server.url == free.url
+            for r in others:
+                await r.close()
+            return envs.take_stats()[server_name(full.url)]
+
+        st = asyncio.run(main())
+        assert st["busy"] == 1 and st["failures"] == 0 and st["up"] == 1 and st["downs"] == 0
 
 
 def test_a_hung_server_times_out_is_probed_down_and_returns_when_it_answers():
