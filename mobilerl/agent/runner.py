@@ -47,6 +47,17 @@ def episode_seed(base_seed: int, task_id: str, trial: int) -> int:
     return stable_seed(base_seed, task_id, trial)
 
 
+def trial_counts(tasks: Sequence[TaskSpec], n_trials: int | Sequence[int]) -> list[int]:
+    """Episodes of each task: ``n_trials`` of every one, or ``n_trials[i]`` of task ``i`` (DART's per-task
+    rollout counts); each at least 1."""
+    counts = [n_trials] * len(tasks) if isinstance(n_trials, int) else [int(n) for n in n_trials]
+    if len(counts) != len(tasks):
+        raise ValueError(f"n_trials has {len(counts)} counts for {len(tasks)} tasks")
+    if any(n < 1 for n in counts):
+        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
+    return counts
+
+
 @dataclass
 class Episode:
     """One finished episode: its place in (task, trial) order, its seed, its trajectory, and what the
@@ -72,7 +83,7 @@ async def run_episodes(
     policy_factory: PolicyFactory,
     tasks: Sequence[TaskSpec],
     *,
-    n_trials: int = 1,
+    n_trials: int | Sequence[int] = 1,
     base_seed: int = 0,
     take: Callable[[PooledEnv], Any] | None = None,
     on_episode: Callable[[Episode], Awaitable[None]] | None = None,
@@ -86,7 +97,7 @@ async def run_episodes(
     Args:
         pool: the started env pool the episodes lease their envs from (the caller owns its lifetime).
         policy_factory: ``seed -> Policy``, called once per episode with that episode's seed.
-        tasks: the tasks; ``n_trials`` episodes each.
+        tasks: the tasks; ``n_trials`` episodes each (a sequence: that many of each task, in order).
         base_seed: mixed into every episode's policy seed (:func:`episode_seed`).
         take: called with the leased env right after the rollout, before another episode can reuse the env
             (e.g. to take a recording wrapper's capture); its value is :attr:`Episode.taken`.
@@ -94,9 +105,8 @@ async def run_episodes(
         keep_screenshots_dir: passed to :func:`~mobilerl.agent.rollout.rollout`.
         progress: a tqdm bar with the running success rate, labelled ``desc``.
     """
-    if n_trials < 1:
-        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
-    pairs = [(task, trial) for task in tasks for trial in range(n_trials)]
+    counts = trial_counts(tasks, n_trials)
+    pairs = [(task, trial) for task, n in zip(tasks, counts, strict=True) for trial in range(n)]
     done: list[Episode | None] = [None] * len(pairs)
     bar = tqdm(total=len(pairs), disable=not progress, desc=desc, unit="ep", dynamic_ncols=True)
     n_success = n_done = 0

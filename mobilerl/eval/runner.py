@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mobilerl.agent.runner import Episode, PolicyFactory, run_episodes
+from mobilerl.agent.runner import Episode, PolicyFactory, run_episodes, trial_counts
 from mobilerl.env.base import Env, TaskSpec
 from mobilerl.env.pool import EnvPool, InlineEnv, ThreadEnv
 from mobilerl.env.process_env import ProcessEnv
@@ -43,7 +43,7 @@ async def evaluate(
     policy_factory: PolicyFactory,
     tasks: Sequence[TaskSpec],
     *,
-    n_trials: int = 1,
+    n_trials: int | Sequence[int] = 1,
     concurrency: int = 16,
     env_factory: Callable[[], Env] | None = None,
     perturb: str = "default",
@@ -63,7 +63,7 @@ async def evaluate(
         policy_factory: ``seed -> Policy``, called once per episode with that episode's seed
             (:func:`~mobilerl.agent.runner.episode_seed`).
         tasks: the tasks (e.g. ``list_tasks("world", "test")``).
-        n_trials: episodes per task (pass@k needs ``n_trials >= k``).
+        n_trials: episodes per task (pass@k needs ``n_trials >= k``); a sequence gives each task its own.
         concurrency: episodes in flight at once (= env workers in the pool).
         env_factory: builds one synchronous env (default: ``SimEnv(render=False, perturb=perturb)``).
         perturb: perturbation profile of the default factory (``none`` / ``default`` / ``heavy``).
@@ -85,11 +85,9 @@ async def evaluate(
     cannot be built (``"policy: ..."``), ends with ``Trajectory.error`` set; the others go on. The pool
     replaces crashed workers.
     """
-    if n_trials < 1:
-        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    n_episodes = len(tasks) * n_trials
+    n_episodes = sum(trial_counts(tasks, n_trials))
     if not n_episodes:
         return []
     make_env = env_factory if env_factory is not None else _default_env_factory(perturb)

@@ -165,3 +165,19 @@ def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float
     with torch.no_grad():
         ent = entropy_from_logits(logits.detach() / temperature)[batch["seq"]]
     return logp, ent
+
+
+@torch.no_grad()
+def rows_policy_stats(model: Any, rows: Sequence[Row], pad_id: int, temperature: float,
+                      max_tokens: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Each row's token logprobs and token entropies under ``model`` (no gradient), in ``rows`` order: what
+    DART's entropy selection and DistRL's Retrace traces and priorities read before the update."""
+    where = {id(r): i for i, r in enumerate(rows)}
+    logps: list[list[float]] = [[] for _ in rows]
+    ents: list[list[float]] = [[] for _ in rows]
+    for mb in micro_batches(rows, max_tokens):
+        lp, ent = rows_logprobs(model, collate(mb, pad_id), temperature, entropy=True)
+        for r, a, e in zip(mb, lp.tolist(), ent.tolist(), strict=True):
+            k = len(r.response_ids)
+            logps[where[id(r)]], ents[where[id(r)]] = a[:k], e[:k]
+    return logps, ents

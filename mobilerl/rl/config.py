@@ -42,6 +42,27 @@ class RLConfig(StageConfig):
         2.0, ge=0, description="Keep at most this many negatives per positive in a group (None: all).")
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         Field("token-mean", description="How per-token losses are reduced (verl's agg_loss modes)."))
+    dart: bool = Field(False, description=(
+        "DART's data curation (dart.txt §4, mobilerl/rl/dart.py): rollouts per task by success rate, "
+        "training on the top high-entropy steps of each task."))
+    dart_min_rollouts: int = Field(2, ge=2, description="DART: rollouts of a solved task (success rate 1).")
+    dart_max_rollouts: int = Field(12, ge=2, description=(
+        "DART: most rollouts a task gets (the round's budget stays tasks × samples_per_task)."))
+    dart_success_threshold: float = Field(0.6, ge=0, lt=1, description=(
+        "DART: success rate above which a task's rollouts fall (Figure 5)."))
+    dart_window: int = Field(16, ge=1, description="DART: a task's success rate is over its last this many episodes.")
+    dart_entropy_keep: float = Field(0.8, gt=0, le=1, description=(
+        "DART: share of each task's steps trained, highest step entropy first (§4.3)."))
+    distrl: bool = Field(False, description=(
+        "DistRL's prioritised replay with Retrace correction (distrl.txt §5.2-5.3, mobilerl/rl/distrl.py)."))
+    distrl_buffer_size: int = Field(256, ge=1, description="DistRL: capacity of the circular replay buffer.")
+    distrl_replay_share: float = Field(0.25, ge=0, description=(
+        "DistRL: trajectories replayed a round, as a share of the round's configured batch (tasks × n)."))
+    distrl_w_advantage: float = Field(1.0, ge=0, description="DistRL: priority weight w1 of the normalised |A|.")
+    distrl_w_ratio: float = Field(0.3, ge=0, description="DistRL: priority weight w2 of the mean min(1, ρ).")
+    distrl_w_entropy: float = Field(0.3, ge=0, description="DistRL: priority weight w3 of the normalised −log π.")
+    distrl_alpha: float = Field(0.5, ge=0, description="DistRL: prioritisation exponent α of P ∝ p^α.")
+    distrl_lambda: float = Field(1.0, ge=0, le=1, description="DistRL: Retrace trace decay λ in c = λ·min(1, ρ).")
     micro_batch_tokens: int = Field(16384, ge=256, description="Padded tokens per forward in the update.")
     rollout_processes: int = Field(2, ge=1, description="Rollout worker processes (each holds the policy).")
     rollout_concurrency: int = Field(64, ge=1, description="Episodes in flight per rollout worker.")
@@ -64,6 +85,13 @@ class RLConfig(StageConfig):
     def _judge_for_lab(self) -> RLConfig:
         if self.lab_share > 0 and not self.reward_model:
             raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        return self
+
+    @model_validator(mode="after")
+    def _dart_bounds(self) -> RLConfig:
+        if self.dart_min_rollouts > self.dart_max_rollouts:
+            raise ValueError(f"rl.dart_min_rollouts ({self.dart_min_rollouts}) > rl.dart_max_rollouts "
+                             f"({self.dart_max_rollouts})")
         return self
 
     def settings(self) -> RLSettings:

@@ -104,16 +104,22 @@ class RolloutWorkers:
         self._pool = ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                          initargs=(spec, env_servers, env_pool, 1.0 / processes))
 
-    def run(self, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None = None,
+    def run(self, tasks: Sequence[TaskSpec], n: int | Sequence[int], base_seed: int, weights: Path | None = None,
             version: int = 0) -> tuple[list[Trajectory], float]:
-        """``n`` episodes of every task, in (task, trial) order, with weights ``version`` from ``weights``
-        (None: the init). Returns the trajectories and the slowest worker's weight-loading seconds."""
+        """``n`` episodes of every task (a sequence: ``n[i]`` of task ``i``, DART's dynamic rollout counts), in
+        (task, trial) order, with weights ``version`` from ``weights`` (None: the init). Returns the
+        trajectories and the slowest worker's weight-loading seconds."""
+        counts = [n] * len(tasks) if isinstance(n, int) else list(n)
         k = max(1, min(self.processes, len(tasks)))
         shards = [list(tasks[i::k]) for i in range(k)]
+        # a plain int keeps the shard's call as it was; per-task counts are split like the tasks
+        per = [n if isinstance(n, int) else counts[i::k] for i in range(k)]
         w = str(weights) if weights is not None else None
-        results = list(self._pool.map(_run_shard, [(s, n, base_seed, w, version) for s in shards]))
+        jobs = [(s, c, base_seed, w, version) for s, c in zip(shards, per, strict=True)]
+        results = list(self._pool.map(_run_shard, jobs))
         by_key = {(d["task_id"], d["trial"]): Trajectory.from_dict(d) for r, _, _ in results for d in r}
-        out = [by_key[(t.task_id, j)] for t in tasks for j in range(n) if (t.task_id, j) in by_key]
+        out = [by_key[(t.task_id, j)] for t, c in zip(tasks, counts, strict=True) for j in range(c)
+               if (t.task_id, j) in by_key]
         self._env_stats = merge_stats([e for _, _, e in results])
         return out, max(s for _, s, _ in results)
 

@@ -7,6 +7,9 @@
       → clipped surrogate against behaviour logprobs + k3 KL → one optimiser step
       → weights to the rollout workers → resumable checkpoint every ``checkpoint_every`` rounds
 
+Two peer systems' mechanisms are switches, off by default, hooked in at the rollout counts and the update's rows:
+DART (``rl.dart``, :mod:`mobilerl.rl.dart`) and DistRL (``rl.distrl``, :mod:`mobilerl.rl.distrl`).
+
 Every random choice of round r is seeded by (seed, r), so a run resumed from its checkpoint of round r
 continues exactly as the uninterrupted run would (weights, optimiser, buffer and curriculum are restored).
 """
@@ -29,8 +32,18 @@ from tqdm.auto import tqdm
 
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.adapr import PositiveReplay
-from mobilerl.rl.batch import PromptFormat, Row, collate, micro_batches, rows_logprobs, trajectory_rows
+from mobilerl.rl.batch import (
+    PromptFormat,
+    Row,
+    collate,
+    micro_batches,
+    rows_logprobs,
+    rows_policy_stats,
+    trajectory_rows,
+)
 from mobilerl.rl.config import RLConfig
+from mobilerl.rl.dart import DartCurator
+from mobilerl.rl.distrl import DistRL
 from mobilerl.rl.fcf import FailureCurriculum
 from mobilerl.rl.loss import group_advantages, policy_loss, prune_negatives
 from mobilerl.rl.spa import shortest_path_rewards
@@ -115,6 +128,9 @@ class Trainer:
             self.settings.adapr_buffer_size, self.settings.adapr_kappa, self.settings.adapr_gamma)
         self.curriculum = FailureCurriculum(cfg.fcf_patience, cfg.fcf_cooldown)
         self.round = 0
+        # peer systems' mechanisms (rl.dart, rl.distrl), off by default: their logic is in dart.py, distrl.py
+        self.dart = DartCurator.from_config(cfg, self.settings.samples_per_task) if cfg.dart else None
+        self.distrl = DistRL.from_config(cfg) if cfg.distrl else None
 
     # ----------------------------------------------------------------------------------------- sampling
 
@@ -144,6 +160,9 @@ class Trainer:
                  if k > 0]
         m = self.settings.train_batch_size * self.settings.samples_per_task  # M: the round's on-policy batch
         replay = self.buffer.sample(m) if self.cfg.adapr else []
+        n_adapr = len(replay)
+        if self.distrl is not None:  # DPER draws before this round's pushes, none that AdaPR replays
+            replay = replay + self.distrl.draw(m, r, [t for t, _ in replay])
         if self.cfg.adapr:
             flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
             self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
@@ -154,7 +173,29 @@ class Trainer:
             self.reference_logprobs(rows)
             for t, rs in per_traj:  # a buffered trajectory keeps them for its replays (and the resume state)
                 t.meta["ref_logprobs"] = [row.ref_logprobs for row in rs]
-        return rows, {"buffer/replayed": float(len(replay)), "train/trajectories": float(len(fresh) + len(replay))}
+        bm = {"buffer/replayed": float(n_adapr), "train/trajectories": float(len(fresh) + len(replay))}
+        if self.dart is not None or self.distrl is not None:
+            rows = self.peer_rows(per_traj)
+            if self.distrl is not None:  # after the draw's entries are refreshed: a push may overwrite them
+                self.distrl.push([t for t, _ in fresh], [a for _, a in fresh], r)
+            bm |= {**(self.dart.metrics if self.dart else {}), **(self.distrl.metrics if self.distrl else {})}
+        return rows, bm
+
+    def peer_rows(self, per_traj: list[tuple[Trajectory, list[Row]]]) -> list[Row]:
+        """The rows after DistRL's Retrace weights (replayed rows' advantages) and DART's high-entropy step
+        selection; both read the policy's logprobs and entropies before the update (one forward, no gradient)."""
+        need = [row for _, rs in per_traj for row in rs if self.dart is not None or not row.on_policy]
+        lp, ent = rows_policy_stats(self.model, need, self.pad_id, self.settings.temperature,
+                                    self.cfg.micro_batch_tokens)
+        cur = {id(row): (a, e) for row, a, e in zip(need, lp, ent, strict=True)}
+        if self.distrl is not None:
+            off = [rs for _, rs in per_traj if rs and not rs[0].on_policy]
+            self.distrl.correct(off, [[cur[id(row)][0] for row in rs] for rs in off])
+        flat = [(t.task_id, row) for t, rs in per_traj for row in rs]
+        if self.dart is None:
+            return [row for _, row in flat]
+        keep = self.dart.select([k for k, _ in flat], [cur[id(row)][1] for _, row in flat])
+        return [row for (_, row), k in zip(flat, keep, strict=True) if k]
 
     @torch.no_grad()
     def reference_logprobs(self, rows: list[Row]) -> None:
@@ -211,7 +252,9 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "buffer": self.buffer.state_dict(lambda t: t.to_dict()), "curriculum": self.curriculum.state_dict()}
+                "buffer": self.buffer.state_dict(lambda t: t.to_dict()), "curriculum": self.curriculum.state_dict(),
+                **({"dart": self.dart.state_dict()} if self.dart else {}),
+                **({"distrl": self.distrl.buffer.state_dict(lambda t: t.to_dict())} if self.distrl else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
@@ -219,6 +262,10 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.buffer.load_state_dict(state["buffer"], Trajectory.from_dict)
         self.curriculum.load_state_dict(state["curriculum"])
+        if self.dart is not None:
+            self.dart.load_state_dict(state["dart"])
+        if self.distrl is not None:
+            self.distrl.buffer.load_state_dict(state["distrl"], Trajectory.from_dict)
 
 
 def save_atomic(obj: Any, path: Path) -> None:
@@ -268,8 +315,8 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
             sync_s += time.perf_counter() - ts
         tasks = trainer.sample_tasks(pool, r)
         tr = time.perf_counter()
-        trajs, load_s = workers.run(tasks, s.samples_per_task, stable_seed(cfg.seed, "rollout", r),
-                                    weights if r > 0 else None, r)
+        n = trainer.dart.rollout_counts([t.task_id for t in tasks]) if trainer.dart else s.samples_per_task
+        trajs, load_s = workers.run(tasks, n, stable_seed(cfg.seed, "rollout", r), weights if r > 0 else None, r)
         rollout_s = time.perf_counter() - tr - load_s
         sync_s += load_s
         tj = time.perf_counter()
@@ -280,6 +327,8 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
         score_groups(groups, s.spa_alpha if cfg.spa else None, cfg.prune_negatives, gen)
         for g in groups:
             trainer.curriculum.update(g.task_id, g.successes)
+            if trainer.dart is not None:
+                trainer.dart.update(g.task_id, g.successes)
         tt = time.perf_counter()
         rows, bm = trainer.batch(groups, r)
         um = trainer.update(rows)
