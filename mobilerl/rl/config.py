@@ -9,13 +9,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mobilerl.config import StageConfig
 from mobilerl.models.profiles import RLSettings, load_profile
 
 
+class AsyncConfig(BaseModel):
+    """Decoupled rollout and training (``rl.async``; docs/rl.md, "Asynchronous mode")."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_staleness: int = Field(..., ge=0, description=(
+        "Drop a trajectory whose policy version is more than this many updates behind the trainer's weights."))
+
+
 class RLConfig(StageConfig):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)  # `async` is a keyword: the field is async_
+
     profile: str = Field("tiny", description="Model profile whose rl: and generation: sections apply.")
     overrides: dict[str, Any] = Field(default_factory=dict,
                                       description="Keys of the profile's rl: section changed for this run.")
@@ -45,6 +55,10 @@ class RLConfig(StageConfig):
     rollout_processes: int = Field(2, ge=1, description="Rollout worker processes (each holds the policy).")
     rollout_concurrency: int = Field(64, ge=1, description="Episodes in flight per rollout worker.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
+    async_: AsyncConfig | None = Field(None, alias="async", description=(
+        "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
+    tis_cap: float | None = Field(None, ge=1.0, description=(
+        "Ratio against the trainer's own old logprobs, each token weighted by min(π_old/π_behaviour, cap) (None: off)."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
