@@ -5,6 +5,7 @@ the update, and the stage run end to end through spawned workers."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import logging
@@ -152,7 +153,7 @@ def test_update_takes_the_ratio_against_pi_old_and_weights_by_the_truncated_gap(
 
     def stats(shift: float, cap: float | None) -> dict[str, float]:
         cfg = RLConfig(tis_cap=cap, overrides={"kl_coef": 0.0, "learning_rate": 1e-9})
-        model = HFBackend.from_pretrained(BASE, device="cpu").model
+        model = copy.deepcopy(backend.model)  # a fresh copy per case: an update steps its weights
         trainer = Trainer(cfg, model, backend.prompt_ids, backend.pad_id, PromptFormat())
         stale = dataclasses.replace(row, behaviour_logprobs=[lp - shift for lp in current], on_policy=False)
         return trainer.update([stale])

@@ -8,9 +8,9 @@ complete groups as they come, and a trajectory more than ``max_staleness`` versi
 
 Scheduling is per trajectory: a slot that finishes an episode starts the next queued one at once, and a group is
 handed over when its n episodes have ended. Admission (AReaL's bound on off-policyness): while the published
-version is v, at most (v − v₀ + k + 1)·G groups have been issued (v₀ the version the run started at, G the
-round's tasks), so the pipeline holds at most k + 1 rounds of work; a slow episode can still fall further behind,
-and is then dropped and counted (``async/dropped_stale``), never silently.
+version is v, at most (v − v₀ + k + 1)·G groups have been issued (k = ``max_staleness``, v₀ the version the run
+started at, G the round's tasks), so the pipeline holds at most k + 1 rounds of work; a slow episode can still fall
+further behind, and is then dropped and counted (``async/dropped_stale``), never silently.
 
 Versions: each trajectory records the version its worker held when the episode started
 (``Trajectory.policy_version``). Each worker loads a newer version itself, before its next episode (per-worker
@@ -466,7 +466,7 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
         raise ValueError("train_async needs rl.async (max_staleness)")
     if cfg.tis_cap is None:
         log.warning("rl.async without rl.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
-    k = cfg.async_.max_staleness
+    max_staleness = cfg.async_.max_staleness
     s = trainer.settings
     work.mkdir(parents=True, exist_ok=True)
     curve_path = work / "curve.jsonl"
@@ -475,8 +475,8 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
     curve_path.write_text("".join(json.dumps(c) + "\n" for c in curve))
     draws_path = work / "async.json"
     draw = json.loads(draws_path.read_text())["draws"] if trainer.round and draws_path.exists() else 0
-    sched = Scheduler(workers, lambda d: trainer.sample_tasks(pool, d), s.train_batch_size, s.samples_per_task, k,
-                      cfg.seed, trainer.round, draw)
+    sched = Scheduler(workers, lambda d: trainer.sample_tasks(pool, d), s.train_batch_size, s.samples_per_task,
+                      max_staleness, cfg.seed, trainer.round, draw)
 
     def publish(v: int) -> None:
         path = work / f"policy.v{v}.safetensors"
@@ -500,13 +500,13 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
                 tj = time.perf_counter()
                 kept, ages = [], []
                 for g in raw:
-                    fresh, a = drop_stale(g, r, k)
+                    fresh, a = drop_stale(g, r, max_staleness)
                     kept.append(fresh)
                     ages += a
                 stale = len(trajs) - sum(map(len, kept))
                 if stale:
                     log.warning("rl async: round %d dropped %d of %d trajectories older than max_staleness = %d",
-                                r, stale, len(trajs), k)
+                                r, stale, len(trajs), max_staleness)
                 judged = judge_rewards([t for g in kept for t in g], judge) if judge is not None else 0
                 groups, env_failures = [], 0
                 for g in kept:  # one group per (draw, task): a task drawn twice is two groups
@@ -544,7 +544,9 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
                     m["train/tokens_per_s"] = um["train/tokens"] / train_s
                 if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
                     tc = time.perf_counter()
-                    draws_path.write_text(json.dumps({"draws": sched.draw}))  # first: a higher count is harmless
+                    tmp = draws_path.with_suffix(".tmp")  # first: a count ahead of the checkpoint is harmless
+                    tmp.write_text(json.dumps({"draws": sched.draw}))
+                    os.replace(tmp, draws_path)
                     save_atomic(trainer.state_dict(), work / "state.pt")
                     m["time/checkpoint_s"] = time.perf_counter() - tc
                 m["time/step_s"] = time.perf_counter() - t0
@@ -552,7 +554,7 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
                 curve.append(m)
                 with curve_path.open("a") as f:
                     f.write(json.dumps(m) + "\n")
-                log_metrics({k_: v for k_, v in m.items() if k_ != "round"}, r)
+                log_metrics({k: v for k, v in m.items() if k != "round"}, r)
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
     finally:
         bar.close()
