@@ -78,6 +78,41 @@ class Episode:
         return None if err is None else err.split(":", 1)[0]
 
 
+async def run_episode(
+    pool: EnvPool,
+    policy_factory: PolicyFactory,
+    task: TaskSpec,
+    trial: int,
+    seed: int,
+    *,
+    take: Callable[[PooledEnv], Any] | None = None,
+    keep_screenshots_dir: str | Path | None = None,
+) -> tuple[Trajectory, Any]:
+    """One episode: lease an env from ``pool``, run ``policy_factory(seed)`` on ``task`` through
+    :func:`~mobilerl.agent.rollout.rollout`; returns the trajectory and what ``take`` took off the env. A failure
+    outside the rollout (the policy cannot be built, no env can be leased) ends as a trajectory with ``error``
+    set (see the module docstring); cancellation propagates. :func:`run_episodes` runs each of its episodes
+    here, and so does RL's asynchronous scheduler (:mod:`mobilerl.rl.async_rollout`), one episode at a time."""
+    t0 = time.perf_counter()
+    taken = None
+    stage = "policy"  # which side failed, if something fails outside the rollout
+    try:
+        policy = policy_factory(seed)
+        stage = "env"
+        async with pool.acquire() as env:
+            stage = "runner"
+            traj = await rollout(env, policy, task, trial=trial, seed=seed, keep_screenshots_dir=keep_screenshots_dir)
+            if take is not None:
+                taken = take(env)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one bad episode must not end the run
+        log.warning("episode %s trial %d failed outside the rollout: %r", task.task_id, trial, e)
+        traj = Trajectory.for_task(task, trial=trial, seed=seed, error=f"{stage}: {type(e).__name__}: {e}")
+        traj.wall_time_s = time.perf_counter() - t0
+    return traj, taken
+
+
 async def run_episodes(
     pool: EnvPool,
     policy_factory: PolicyFactory,
@@ -114,25 +149,8 @@ async def run_episodes(
     async def one(i: int, task: TaskSpec, trial: int) -> None:
         nonlocal n_success, n_done
         seed = episode_seed(base_seed, task.task_id, trial)
-        t0 = time.perf_counter()
-        taken = None
-        stage = "policy"  # which side failed, if something fails outside the rollout
-        try:
-            policy = policy_factory(seed)
-            stage = "env"
-            async with pool.acquire() as env:
-                stage = "runner"
-                traj = await rollout(
-                    env, policy, task, trial=trial, seed=seed, keep_screenshots_dir=keep_screenshots_dir
-                )
-                if take is not None:
-                    taken = take(env)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - one bad episode must not end the run
-            log.warning("episode %s trial %d failed outside the rollout: %r", task.task_id, trial, e)
-            traj = Trajectory.for_task(task, trial=trial, seed=seed, error=f"{stage}: {type(e).__name__}: {e}")
-            traj.wall_time_s = time.perf_counter() - t0
+        traj, taken = await run_episode(pool, policy_factory, task, trial, seed, take=take,
+                                        keep_screenshots_dir=keep_screenshots_dir)
         ep = Episode(i, task, trial, seed, traj, taken)
         if on_episode is not None:
             await on_episode(ep)

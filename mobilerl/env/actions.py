@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from dataclasses import dataclass, replace
 
 TAP, TYPE, SWIPE, LONG_PRESS, LAUNCH = "Tap", "Type", "Swipe", "Long Press", "Launch"
@@ -266,6 +267,12 @@ def parse_action(text: str) -> Action:
             raise strict_error from None
 
 
+# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: concurrent parses in
+# threads (rollout workers in threads, RL's ThreadWorkers) can raise "SystemError: AST constructor recursion depth
+# mismatch" (cpython gh-106905)
+_AST_LOCK = threading.Lock()
+
+
 def _parse_call(body: str, *, lenient: bool) -> Action:
     if not body:
         raise ActionParseError("empty action")
@@ -273,7 +280,8 @@ def _parse_call(body: str, *, lenient: bool) -> Action:
     if not calls:
         raise ActionParseError(f"no do(...) or finish(...) call in {body[:80]!r}")
     try:
-        tree = ast.parse(_normalize_literals(body, lenient=lenient), mode="eval")
+        with _AST_LOCK:
+            tree = ast.parse(_normalize_literals(body, lenient=lenient), mode="eval")
     except SyntaxError as e:
         raise ActionParseError(f"malformed action {body[:80]!r}: {e.msg}") from None
     call = tree.body

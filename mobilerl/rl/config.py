@@ -9,14 +9,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mobilerl.config import StageConfig
 from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
 
 
+class AsyncConfig(BaseModel):
+    """Decoupled rollout and training (``rl.async``; docs/rl.md, "Asynchronous mode")."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_staleness: int = Field(..., ge=0, description=(
+        "Drop a trajectory whose policy version is more than this many updates behind the trainer's weights."))
+
+
 class RLConfig(StageConfig):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)  # `async` is a keyword: the field is async_
+
     profile: str = Field("tiny", description="Model profile whose rl: and generation: sections apply.")
     overrides: dict[str, Any] = Field(default_factory=dict,
                                       description="Keys of the profile's rl: section changed for this run.")
@@ -71,6 +81,10 @@ class RLConfig(StageConfig):
     env_pool: EnvServersConfig = Field(default_factory=EnvServersConfig,
                                        description="Health checks, retries and replay over env_servers.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
+    async_: AsyncConfig | None = Field(None, alias="async", description=(
+        "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
+    tis_cap: float | None = Field(None, ge=1.0, description=(
+        "Ratio against the trainer's own old logprobs, each token weighted by min(π_old/π_behaviour, cap) (None: off)."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
@@ -92,6 +106,14 @@ class RLConfig(StageConfig):
         if self.dart_min_rollouts > self.dart_max_rollouts:
             raise ValueError(f"rl.dart_min_rollouts ({self.dart_min_rollouts}) > rl.dart_max_rollouts "
                              f"({self.dart_max_rollouts})")
+        return self
+
+    @model_validator(mode="after")
+    def _async_alone(self) -> RLConfig:
+        # the asynchronous loop (async_rollout.py) runs the in-process simulator and AdaGRPO's own mechanisms only
+        clash = [k for k in ("env_servers", "dart", "distrl", "bepa", "dynamic_sampling") if getattr(self, k, None)]
+        if self.async_ is not None and clash:
+            raise ValueError(f"rl.async is not combined with rl.{', rl.'.join(clash)} yet; use synchronous rounds")
         return self
 
     def settings(self) -> RLSettings:

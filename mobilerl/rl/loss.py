@@ -5,11 +5,14 @@ Departures and choices: the importance ratio is taken against the *behaviour* lo
 trajectory (the rollout engine's, or a replayed sample's), never a recompute (verl's rollout-correction docs
 name "π_old = π_rollout assumed" as the usual cause of collapse); the log-ratio is clamped to ±20 as verl does.
 Negative pruning follows the authors' released code: an all-zero group gives no loss at all (its KL too),
-and negatives beyond ``ratio``× the group's positives are dropped at random.
+and negatives beyond ``ratio``× the group's positives are dropped at random. With ``rl.tis_cap`` (the asynchronous
+mode's correction) the ratio is taken against π_old, the trainer's own logprobs at the update's start, and each
+token's loss is weighted by the truncated π_old/π_behaviour (:func:`tis_weights`): three policies, not two.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -75,9 +78,26 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: Aggregation = "token-me
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
+def tis_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Truncated importance weights of tokens sampled by a stale policy (TIS; verl's rollout correction, the
+    MobileRL authors' asynchronous trainer with C = 2)::
+
+        w_t = min(π_old(y_t) / π_behaviour(y_t), C) = min(exp(logπ_old(y_t) − logπ_behaviour(y_t)), C)
+
+    ``old_logprobs`` (B, T): the trainer's weights at the update's start; ``behaviour_logprobs`` (B, T): the
+    rollout engine's, stored with the trajectory. Returns (B, T), detached (a weight on the loss, not part of
+    the objective's graph); 1 on-policy; ``cap=None``: all ones (off).
+    """
+    if cap is None:
+        return torch.ones_like(old_logprobs)
+    # clamping the log-ratio first keeps exp finite for any gap
+    return torch.exp((old_logprobs - behaviour_logprobs).detach().clamp(max=math.log(cap)))
+
+
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 ref_logp: torch.Tensor | None = None, clip_eps: float = 0.2, kl_coef: float = 0.001,
-                agg: Aggregation = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+                agg: Aggregation = "token-mean", tis_weight: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO surrogate with a KL penalty (MobileRL Eq. 1, DeepSeekMath's GRPO)::
 
         ρ_t = exp(logπ_θ(y_t) − logπ_behaviour(y_t))
@@ -86,7 +106,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
     ``logp``, ``behaviour_logp``, ``mask`` (B, T) (mask 0 on padding and on muted trajectories), ``advantages``
     (B,) broadcast over each trajectory's tokens (one row = one step's response). Metrics: ``clip_frac`` (the
     share of tokens whose ratio left [1 − ε, 1 + ε] on the side that clips: the paper's Figure 11),
-    ``approx_kl`` (k3 of behaviour vs current), ``kl_ref``, ``ratio_mean``.
+    ``approx_kl`` (k3 of behaviour vs current), ``kl_ref``, ``ratio_mean``. ``tis_weight`` (B, T): a per-token
+    weight on the surrogate (:func:`tis_weights`; then ``behaviour_logp`` is π_old's), metric ``tis_mean``.
     """
     mask = mask.to(logp.dtype)
     log_ratio = (logp - behaviour_logp).clamp(-20.0, 20.0)
@@ -95,6 +116,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if tis_weight is not None:
+        per_token = per_token * tis_weight
     kl_ref = kl_k3(logp, ref_logp) if ref_logp is not None and kl_coef else torch.zeros_like(logp)
     loss = aggregate(per_token + kl_coef * kl_ref, mask, agg)
     with torch.no_grad():
@@ -104,6 +127,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         metrics = {"clip_frac": clip_frac, "approx_kl": approx_kl,
                    "kl_ref": ((kl_ref * mask).sum() / n).item(),
                    "ratio_mean": ((ratio * mask).sum() / n).item()}
+        if tis_weight is not None:
+            metrics["tis_mean"] = ((tis_weight * mask).sum() / n).item()
     return loss, metrics
 
 

@@ -12,12 +12,14 @@ DART (``rl.dart``, :mod:`mobilerl.rl.dart`) and DistRL (``rl.distrl``, :mod:`mob
 
 Every random choice of round r is seeded by (seed, r), so a run resumed from its checkpoint of round r
 continues exactly as the uninterrupted run would (weights, optimiser, buffer and curriculum are restored).
+With ``rl.async`` the rounds are :func:`mobilerl.rl.async_rollout.train_async`'s instead (rollouts decoupled).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import defaultdict
@@ -45,7 +47,7 @@ from mobilerl.rl.config import RLConfig
 from mobilerl.rl.dart import DartCurator
 from mobilerl.rl.distrl import DistRL
 from mobilerl.rl.fcf import FailureCurriculum
-from mobilerl.rl.loss import group_advantages, policy_loss, prune_negatives
+from mobilerl.rl.loss import group_advantages, policy_loss, prune_negatives, tis_weights
 from mobilerl.rl.spa import shortest_path_rewards
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -166,8 +168,10 @@ class Trainer:
         if self.cfg.adapr:
             flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
             self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
+        # a fresh trajectory of an older policy version (the asynchronous mode's) is off-policy, like a replay
         per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on))
-                    for (t, a), on in [*((x, False) for x in replay), *((x, True) for x in fresh)]]
+                    for (t, a), on in [*((x, False) for x in replay),
+                                       *((x, x[0].policy_version in (None, str(r))) for x in fresh)]]
         rows = [row for _, rs in per_traj for row in rs]
         if self.ref is not None:
             self.reference_logprobs(rows)
@@ -215,17 +219,26 @@ class Trainer:
             self.reference_logprobs(rows)
         total_tokens = sum(len(r.response_ids) for r in rows)
         stats: dict[str, float] = defaultdict(float)
+        cap = self.cfg.tis_cap
+        old: dict[int, torch.Tensor] = {}  # π_old of each micro-batch: epoch 0's logprobs, before any step
         self.model.train()
         for epoch in range(s.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches(rows, self.cfg.micro_batch_tokens):
+            for i, mb in enumerate(micro_batches(rows, self.cfg.micro_batch_tokens)):
                 b = collate(mb, self.pad_id)
                 if epoch == 0:
                     stats["train/sequences"] += float(b["input_ids"].shape[0])  # distinct forwards
                 logp, ent = rows_logprobs(self.model, b, s.temperature, entropy=True)
                 ref = b.get("ref_logprobs")
-                loss, m = policy_loss(logp, b["behaviour_logprobs"], b["advantages"], b["response_mask"], ref,
-                                      clip_eps=s.clip_ratio, kl_coef=s.kl_coef, agg=self.cfg.aggregation)
+                denom, tis = b["behaviour_logprobs"], None
+                if cap is not None:  # three policies: ratio π_θ/π_old, times min(π_old/π_behaviour, C) (loss.py)
+                    denom = old.setdefault(i, logp.detach())
+                    tis = tis_weights(denom, b["behaviour_logprobs"], cap)
+                    if epoch == 0:
+                        capped = (denom - b["behaviour_logprobs"]) >= math.log(cap)
+                        stats["loss/tis_capped_frac"] += float((capped * b["response_mask"]).sum()) / total_tokens
+                loss, m = policy_loss(logp, denom, b["advantages"], b["response_mask"], ref, clip_eps=s.clip_ratio,
+                                      kl_coef=s.kl_coef, agg=self.cfg.aggregation, tis_weight=tis)
                 n_tok = float(b["response_mask"].sum())
                 share = n_tok / total_tokens if self.cfg.aggregation == "token-mean" else len(mb) / len(rows)
                 (loss * share).backward()
@@ -427,8 +440,14 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
 
         judge = RewardModel.from_checkpoint(root / cfg.reward_model)
     t0 = time.perf_counter()
-    with RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool) as workers:
-        curve = train(cfg, trainer, workers, pool, work, log_metrics, progress, judge)
+    if cfg.async_ is not None:  # decoupled rollout and training (async_rollout.py)
+        from mobilerl.rl.async_rollout import ProcessWorkers, train_async
+
+        with ProcessWorkers(spec, cfg.rollout_processes, cfg.rollout_concurrency) as aworkers:
+            curve = train_async(cfg, trainer, aworkers, pool, work, log_metrics, progress, judge)
+    else:
+        with RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool) as workers:
+            curve = train(cfg, trainer, workers, pool, work, log_metrics, progress, judge)
     wall = time.perf_counter() - t0
     if out.exists():
         import shutil
