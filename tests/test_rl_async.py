@@ -370,3 +370,13 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
     assert all(c["train/rows"] > 0 for c in curve) and sum(c["async/worker_loads"] for c in curve) >= 2
     assert all(c["loss/logprob_gap_max"] < 1e-3 for c in curve), [c["loss/logprob_gap_max"] for c in curve]
     assert all(c["loss/tis_mean"] == pytest.approx(1.0, abs=1e-3) for c in curve)
+
+
+def test_async_with_an_option_its_loop_lacks_is_a_config_error():
+    import pytest
+
+    from mobilerl.rl.config import RLConfig
+
+    with pytest.raises(ValueError, match="rl.async is not combined with rl.dart"):
+        RLConfig.model_validate({"async": {"max_staleness": 1}, "dart": True})
+    assert RLConfig.model_validate({"async": {"max_staleness": 1}}).async_ is not None
