@@ -44,6 +44,15 @@ class RLConfig(StageConfig):
     micro_batch_tokens: int = Field(16384, ge=256, description="Padded tokens per forward in the update.")
     rollout_processes: int = Field(2, ge=1, description="Rollout worker processes (each holds the policy).")
     rollout_concurrency: int = Field(64, ge=1, description="Episodes in flight per rollout worker.")
+    engines: list[str] | None = Field(None, description=(
+        "API roots of remote rollout engines (serve_openai --weight-sync, HF or vLLM) used instead of the local "
+        "rollout workers (None: local workers); docs/rl.md, 'Rollout engines and weight sync'."))
+    weight_sync: Literal["reload", "broadcast"] = Field("reload", description=(
+        "How each update reaches the engines: a safetensors file they reload (a filesystem shared with rl.work) "
+        "or a per-parameter gloo/NCCL broadcast."))
+    sync_address: str = Field("127.0.0.1:0", description=(
+        "host:port of the trainer's broadcast group, reachable from the engines (port 0: any free port)."))
+    engines_api_key_env: str | None = Field(None, description="Environment variable holding the engines' API key.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
@@ -54,6 +63,9 @@ class RLConfig(StageConfig):
     def _judge_for_lab(self) -> RLConfig:
         if self.lab_share > 0 and not self.reward_model:
             raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        bad = [u for u in self.engines or [] if not u.startswith(("http://", "https://"))]
+        if self.engines is not None and (not self.engines or bad):
+            raise ValueError(f"rl.engines must be a non-empty list of http(s):// URLs, got {self.engines!r}")
         return self
 
     def settings(self) -> RLSettings:
