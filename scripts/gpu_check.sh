@@ -15,6 +15,14 @@
 #    (the decoding path before 2026-11-26) -> OUT_DIR/full_cuda_plain.json: the same `steps` and `success`
 #    as 2 says the new path decodes as the old one did on CUDA too.
 #
+# 4. The RL rollout engines (scripts/engine_check.py): serve_openai --weight-sync with the HF backend and with
+#    vLLM on GPU 0, the trainer on GPU 1 (or 0): weight sync by checkpoint reload and by broadcast (NCCL with two
+#    GPUs, gloo with one), the rollout-trainer logprob gap after each sync, a refused bad push, completion
+#    tokens/s -> OUT_DIR/engines.json. Without a GPU it prints "no GPU: skipped"; without vLLM it says so and
+#    checks the HF engine only.
+#
+#   CHECKS=engines bash scripts/gpu_check.sh OUT_DIR     # only step 4 (CHECKS: comma list of dtypes,full,plain,engines)
+#
 # A machine without the project's virtual environment (a bare GPU image with torch) installs the wheels
 # under .whl/ first when there are any (pydantic, and transformers / tokenizers at the versions of
 # constraints.txt): see docs/evaluation.md, "On a GPU".
@@ -27,12 +35,28 @@ source scripts/gpu_env.sh
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 devices="cpu:fp32"
 $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && devices="cpu:fp32,cuda:fp32,cuda:bf16"
+CHECKS=${CHECKS:-dtypes,full,plain,engines}
+want() { [[ ",$CHECKS," == *",$1,"* ]]; }
 status=0
-timeout 240 $PY scripts/bench_eval.py --ckpt "$CKPT" --every 10 --requests 256 --dtypes "$devices" \
-  --out "$OUT/dtypes.json" 2>&1 | grep -v "Loading weights" || status=1
-timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --out "$OUT/full_cuda.json" 2>&1 \
-  | grep -v "Loading weights\|eval:" || status=1
-timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --env-threads \
-  --backend speculate_tokens=0 --backend prefix_cache_tokens=0 --out "$OUT/full_cuda_plain.json" 2>&1 \
-  | grep -v "Loading weights\|eval:" || status=1
+if want dtypes; then
+  timeout 240 $PY scripts/bench_eval.py --ckpt "$CKPT" --every 10 --requests 256 --dtypes "$devices" \
+    --out "$OUT/dtypes.json" 2>&1 | grep -v "Loading weights" || status=1
+fi
+if want full; then
+  timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --out "$OUT/full_cuda.json" 2>&1 \
+    | grep -v "Loading weights\|eval:" || status=1
+fi
+if want plain; then
+  timeout 270 $PY scripts/bench_eval.py --full sft_reasoning_free --full-every 4 --env-threads \
+    --backend speculate_tokens=0 --backend prefix_cache_tokens=0 --out "$OUT/full_cuda_plain.json" 2>&1 \
+    | grep -v "Loading weights\|eval:" || status=1
+fi
+if want engines; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+    timeout 420 $PY scripts/engine_check.py --out "$OUT/engines.json" 2>&1 | grep -v "Loading weights" \
+      ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    echo "engine checks (vLLM weight sync, logprob gap, throughput): no GPU: skipped"
+  fi
+fi
 exit $status

@@ -157,13 +157,15 @@ class SamplingConfig:
 @dataclass
 class Generation:
     """One sampled response. ``logprobs[i]`` belongs to ``token_ids[i]``; ``token_ids`` is empty only when the
-    server did not return them (see the module docstring)."""
+    server did not return them (see the module docstring). ``policy_version``: the weights' version an RL
+    rollout engine reports it sampled with (:mod:`mobilerl.models.weight_sync`; None elsewhere)."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     prompt_tokens: int = 0
+    policy_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.token_ids and len(self.token_ids) != len(self.logprobs):

@@ -106,7 +106,9 @@ def parse_chat_completion(body: Any) -> Generation:
         ids.append(_token_id(entry.get("token")))
     token_ids = [int(t) for t in ids] if ids and all(t is not None for t in ids) else []
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    return Generation(text, token_ids, logprobs, reason, int(usage.get("prompt_tokens") or 0))
+    version = body.get("policy_version")  # a weight-syncing rollout engine's (mobilerl.models.weight_server)
+    return Generation(text, token_ids, logprobs, reason, int(usage.get("prompt_tokens") or 0),
+                      None if version is None else str(version))
 
 
 def parse_prompt_logprobs(body: Any) -> tuple[list[int | None], list[float | None]]:

@@ -5,7 +5,9 @@ the embedded default's rollout server (the HF backend on the tiny model), speaki
     python -m mobilerl.models.serve_openai models/tiny-base --port 8000     # 127.0.0.1 only by default
     MOBILERL_API_KEY=... python -m mobilerl.models.serve_openai ...          # then a Bearer token is required
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (no streaming, no tools).
+Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (no streaming, no tools);
+with ``--weight-sync``, the RL rollout engine's weight endpoints (:mod:`mobilerl.models.weight_server`), and every
+completion carries ``policy_version``, the version of the weights that sampled it.
 Request fields: ``messages`` (string content, or parts ``text`` / ``image_url`` with a ``data:`` URL; remote
 URLs are refused: nothing is fetched), ``temperature``, ``top_p``, ``max_tokens`` /
 ``max_completion_tokens``, ``seed``, ``stop``, ``n``, ``logprobs``, ``top_logprobs`` (0 only), and vLLM's
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import base64
 import binascii
+import contextlib
 import hmac
 import io
 import logging
@@ -164,10 +167,15 @@ def parse_body(body: Any) -> tuple[ChatRequest, SamplingConfig, dict[str, Any]]:
     return request, sampling, options
 
 
-def create_app(backend: GenerationBackend, *, model_name: str = "mobilerl", api_key: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``backend`` as model ``model_name`` (``api_key``: require this Bearer token)."""
+def create_app(backend: GenerationBackend, *, model_name: str = "mobilerl", api_key: str | None = None,
+               weights: Any = None) -> FastAPI:
+    """The FastAPI app serving ``backend`` as model ``model_name`` (``api_key``: require this Bearer token;
+    ``weights``: a :class:`mobilerl.models.weight_server.WeightServer` over the backend's weights, which adds its
+    endpoints and the ``policy_version`` of each completion)."""
     app = FastAPI(title="mobilerl OpenAI-compatible server", docs_url=None, redoc_url=None)
     token_text = getattr(backend, "token_text", None)
+    if weights is not None:
+        weights.mount(app)
 
     def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
@@ -208,10 +216,12 @@ def create_app(backend: GenerationBackend, *, model_name: str = "mobilerl", api_
         if want_prompt and not hasattr(backend, "prompt_logprobs"):
             return error(400, f"prompt_logprobs is not supported by the {type(backend).__name__} backend")
         try:
-            jobs = [backend.generate([chat_request] * opt["n"], sampling)]
-            if want_prompt:
-                jobs.append(backend.prompt_logprobs(chat_request))  # type: ignore[attr-defined]
-            results = await asyncio.gather(*jobs)
+            # a weight swap waits for this call and this call for a swap: one version from start to end
+            async with weights.serving() if weights is not None else _no_version() as version:
+                jobs = [backend.generate([chat_request] * opt["n"], sampling)]
+                if want_prompt:
+                    jobs.append(backend.prompt_logprobs(chat_request))  # type: ignore[attr-defined]
+                results = await asyncio.gather(*jobs)
         except ValueError as e:  # e.g. a prompt the model cannot take
             return error(400, str(e))
         except Exception as e:  # noqa: BLE001 - reported to the client as a server error
@@ -250,6 +260,8 @@ def create_app(backend: GenerationBackend, *, model_name: str = "mobilerl", api_
             },
             "prompt_logprobs": None,
         }
+        if version is not None:
+            out["policy_version"] = version
         if want_prompt:
             ids, lps = results[1]
             out["prompt_logprobs"] = [
@@ -259,6 +271,11 @@ def create_app(backend: GenerationBackend, *, model_name: str = "mobilerl", api_
         return out
 
     return app
+
+
+@contextlib.asynccontextmanager
+async def _no_version():
+    yield None
 
 
 class ServerThread:
@@ -276,10 +293,11 @@ class ServerThread:
         port: int = 0,
         model_name: str = "mobilerl",
         api_key: str | None = None,
+        weights: Any = None,
     ) -> None:
         import uvicorn
 
-        app = create_app(backend, model_name=model_name, api_key=api_key)
+        app = create_app(backend, model_name=model_name, api_key=api_key, weights=weights)
         self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(self.config)
         self._thread = threading.Thread(target=self.server.run, name="mobilerl-serve-openai", daemon=True)
@@ -316,20 +334,52 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--name", default=None, help="served model name (default: the directory name)")
-    ap.add_argument("--max-batch", type=int, default=16, help="HF micro-batch size")
+    ap.add_argument("--max-batch", type=int, default=None, help="micro-batch size (default: HF 16, vLLM 256)")
     ap.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                    help="generation backend: the HF backend (CPU/GPU) or vLLM (GPU, the gpu extra)")
+    ap.add_argument("--dtype", default=None, help="fp32 / bf16 / fp16 / auto (default: the backend's)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM: share of GPU memory")
+    ap.add_argument("--max-model-len", type=int, default=None, help="vLLM: context length")
+    ap.add_argument("--enforce-eager", action="store_true", help="vLLM: no CUDA graphs (starts faster)")
+    ap.add_argument("--weight-sync", action="store_true",
+                    help="an RL rollout engine: accept weight pushes (/v1/weights...), report policy_version")
     args = ap.parse_args(argv)
 
     import uvicorn
 
-    from mobilerl.models.hf_backend import HFBackend
+    weights = None
+    if args.engine == "vllm":
+        from mobilerl.models.vllm_backend import VLLMBackend
 
-    backend = HFBackend.from_pretrained(args.model, device=args.device, max_batch=args.max_batch)
+        extra: dict[str, Any] = {"enforce_eager": True} if args.enforce_eager else {}
+        if args.weight_sync:
+            from mobilerl.models.vllm_weights import WORKER_EXTENSION
+
+            extra["worker_extension_cls"] = WORKER_EXTENSION
+        backend: Any = VLLMBackend(args.model, dtype=args.dtype or "auto", max_batch=args.max_batch or 256,
+                                   gpu_memory_utilization=args.gpu_memory_utilization,
+                                   max_model_len=args.max_model_len, engine_kwargs=extra)
+        if args.weight_sync:
+            from mobilerl.models.vllm_weights import VLLMEngineWeights
+            from mobilerl.models.weight_server import WeightServer
+
+            weights = WeightServer(VLLMEngineWeights(backend, args.model))
+    else:
+        from mobilerl.models.hf_backend import HFBackend
+
+        backend = HFBackend.from_pretrained(args.model, device=args.device, dtype=args.dtype,
+                                            max_batch=args.max_batch or 16)
+        if args.weight_sync:
+            from mobilerl.models.weight_server import TorchEngineWeights, WeightServer
+
+            weights = WeightServer(TorchEngineWeights(backend.model))
     api_key = os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("serving on %s without an API key (set %s)", args.host, API_KEY_ENV)
     name = args.name or backend.name
-    uvicorn.run(create_app(backend, model_name=name, api_key=api_key), host=args.host, port=args.port)
+    uvicorn.run(create_app(backend, model_name=name, api_key=api_key, weights=weights), host=args.host,
+                port=args.port)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,15 @@ class RLConfig(StageConfig):
         "Env server URLs the episodes run on, token from $MOBILERL_ENV_TOKEN (None: the in-process simulator)."))
     env_pool: EnvServersConfig = Field(default_factory=EnvServersConfig,
                                        description="Health checks, retries and replay over env_servers.")
+    engines: list[str] | None = Field(None, description=(
+        "API roots of remote rollout engines (serve_openai --weight-sync, HF or vLLM) used instead of the local "
+        "rollout workers (None: local workers); docs/rl.md, 'Rollout engines and weight sync'."))
+    weight_sync: Literal["reload", "broadcast"] = Field("reload", description=(
+        "How each update reaches the engines: a safetensors file they reload (a filesystem shared with rl.work) "
+        "or a per-parameter gloo/NCCL broadcast."))
+    sync_address: str = Field("127.0.0.1:0", description=(
+        "host:port of the trainer's broadcast group, reachable from the engines (port 0: any free port)."))
+    engines_api_key_env: str | None = Field(None, description="Environment variable holding the engines' API key.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
     async_: AsyncConfig | None = Field(None, alias="async", description=(
         "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
@@ -99,6 +108,9 @@ class RLConfig(StageConfig):
     def _judge_for_lab(self) -> RLConfig:
         if self.lab_share > 0 and not self.reward_model:
             raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        bad = [u for u in self.engines or [] if not u.startswith(("http://", "https://"))]
+        if self.engines is not None and (not self.engines or bad):
+            raise ValueError(f"rl.engines must be a non-empty list of http(s):// URLs, got {self.engines!r}")
         return self
 
     @model_validator(mode="after")
@@ -111,7 +123,7 @@ class RLConfig(StageConfig):
     @model_validator(mode="after")
     def _async_alone(self) -> RLConfig:
         # the asynchronous loop (async_rollout.py) runs the in-process simulator and AdaGRPO's own mechanisms only
-        clash = [k for k in ("env_servers", "dart", "distrl", "bepa", "dynamic_sampling") if getattr(self, k, None)]
+        clash = [k for k in ("env_servers", "engines", "dart", "distrl", "bepa", "dynamic_sampling") if getattr(self, k, None)]
         if self.async_ is not None and clash:
             raise ValueError(f"rl.async is not combined with rl.{', rl.'.join(clash)} yet; use synchronous rounds")
         return self

@@ -322,7 +322,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
     for r in bar:
         t0 = time.perf_counter()
         sync_s = 0.0
-        if r > 0:
+        if r > 0 and not getattr(workers, "pushes_weights", False):  # remote engines take a push instead
             ts = time.perf_counter()
             save_model(trainer.model, str(weights))  # tied embeddings are saved once
             sync_s += time.perf_counter() - ts
@@ -446,7 +446,13 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
         with ProcessWorkers(spec, cfg.rollout_processes, cfg.rollout_concurrency) as aworkers:
             curve = train_async(cfg, trainer, aworkers, pool, work, log_metrics, progress, judge)
     else:
-        with RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool) as workers:
+        if cfg.engines:
+            from mobilerl.rl.engine import remote_engines
+
+            rollouts: Any = remote_engines(cfg, spec, trainer.model, work)
+        else:
+            rollouts = RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool)
+        with rollouts as workers:
             curve = train(cfg, trainer, workers, pool, work, log_metrics, progress, judge)
     wall = time.perf_counter() - t0
     if out.exists():
