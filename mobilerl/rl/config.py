@@ -37,6 +37,11 @@ class RLConfig(StageConfig):
     lab_share: float = Field(0.0, ge=0, le=1, description=(
         "Share of a round's tasks drawn from lab/train, whose verifier is hidden (the authors mix 4:1: 0.2)."))
     reward_model: str | None = Field(None, description="Judge checkpoint (the reward_model stage's) scoring lab/train.")
+    test_half: Literal[0, 1] | None = Field(None, description=(
+        "Train on this half of the suite's test split (mobilerl.tasks.halves) instead of its train split, the "
+        "other half left for evaluation (Appendix E.5)."))
+    judge_all: bool = Field(False, description=(
+        "Reward every episode with rl.reward_model, the verifier's verdict kept only as a metric (E.5's arm ii)."))
     prune_negatives: float | None = Field(
         2.0, ge=0, description="Keep at most this many negatives per positive in a group (None: all).")
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
@@ -54,6 +59,8 @@ class RLConfig(StageConfig):
     def _judge_for_lab(self) -> RLConfig:
         if self.lab_share > 0 and not self.reward_model:
             raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        if self.judge_all and not self.reward_model:
+            raise ValueError("rl.judge_all needs rl.reward_model: the judge that scores every episode")
         return self
 
     def settings(self) -> RLSettings:
