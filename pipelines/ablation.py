@@ -95,8 +95,9 @@ def ablation(variants: list[str] | None = None, seeds: list[int] | None = None, 
         return {"cells": plan}
     from prefect.runtime import flow_run
 
+    os.environ[tracking.FLOW_RUN_ENV] = str(flow_run.get_id() or "")  # the runs' mobilerl.prefect_flow_run_id tag
     env = {**os.environ, **OFFLINE_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "MLFLOW_TRACKING_URI": tracking.tracking_uri(), tracking.FLOW_RUN_ENV: str(flow_run.get_id() or "")}
+           "MLFLOW_TRACKING_URI": tracking.tracking_uri()}
     statuses, failed = [], []
     params = {"variants": names, "seeds": seeds, "rounds": rounds or table.cell.get("rounds"),
               "eval_per_template": eval_per_template or table.eval.per_template}

@@ -196,7 +196,8 @@ def section(summary: dict | None, figures: dict[str, str]) -> list[str]:
             steps = "–" if x["steps_success"] is None else f"{x['steps_success']:.2f}"
             lines.append(f"| {v} | {_change(x['overrides'])} | {len(x['seeds'])} | {_ci(x)} | {delta} | {steps} | "
                          f"{x['rounds']} |")
-        lines += ["", *goal(summary), ""]
+        met = goal(summary)
+        lines += ["", *met, ""] if met else [""]
     if figures.get("curves"):
         lines += ["On-policy success per round (binary, before SPA; replays excluded), mean over seeds (Figure 4b):",
                   "", f"![ablation curves](figures/{figures['curves']})", ""]
@@ -251,7 +252,8 @@ def plot(summary: dict | None, outdir: Path) -> dict[str, str]:
                 ax.plot(range(len(x["curve_judged"])), [100 * s for s in x["curve_judged"]], ls="--",
                         color=line[0].get_color(), label=f"{v}: judge's verdict")
         ax.set_xlabel("RL round")
-        ax.set_ylabel("on-policy success (%)" if kind == "curves" else "verified success, training half (%)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylabel("on-policy success (%)" if kind == "curves" else "on-policy success, training half (%)")
         ax.set_ylim(bottom=0)
         name = "ablation_curves.png" if kind == "curves" else "ablation_e5.png"
         _save(fig, ax, "AdaGRPO ablations: on-policy success" if kind == "curves" else "E.5: verifier vs reward model",
