@@ -22,8 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "mobilerl"
 PARENT_ENV = "MOBILERL_PARENT_RUN_ID"
-# MLflow 3's UI opens an experiment by this tag: without it, on the GenAI traces overview; with the value its
-# JS bundle names CUSTOM_MODEL_DEVELOPMENT, on the training runs (where the compare view is)
+# The experiment's kind, as MLflow 3's UI names it (its JS: CUSTOM_MODEL_DEVELOPMENT): UIs that read the tag open the
+# experiment on its training runs. 3.17.2's UI ignores it (a feature flag fixed on) and follows its own GenAI /
+# Model training switch, per browser, GenAI by default: ui_url() says Model training in the link.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 FLOW_RUN_ENV = "MOBILERL_PREFECT_FLOW_RUN_ID"
 
@@ -52,6 +53,12 @@ def setup() -> str:
     if exp.tags.get(kind) != value:  # a store created before the tag was set
         mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, kind, value)
     return exp.experiment_id
+
+
+def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's runs, as charts, in the MLflow UI (``make ui``), on its Model training side: MLflow 3.17's
+    UI opens an experiment on the GenAI overview unless the browser's switch (top left) or the link says so."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
 
 
 def git_sha() -> str:

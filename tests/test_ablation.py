@@ -297,6 +297,7 @@ def test_flow_runs_cells_once_logs_nested_runs_and_survives_a_failed_cell(tmp_pa
     again = flow_mod.ablation(variants=["full", "no_spa"], seeds=[0, 1], rounds=3, report=False)
     assert len(calls()) == 7  # every finished cell skipped
     assert [c["status"] for c in again["cells"]] == ["done earlier"] * 4
+    assert again["mlflow_ui"].endswith("/runs?workflowType=machine_learning&compareRunsMode=CHART")
     assert json.loads((cell_dir("full", 0, cells) / "cell.json").read_text())["rl"]["work"] == str(
         cell_dir("full", 0, cells) / "work")
 
