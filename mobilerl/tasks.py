@@ -62,6 +62,16 @@ def spread(tasks: Sequence[T], cap: int | None, *, float_step: bool = False) -> 
     return [tasks[i * len(tasks) // cap] for i in range(cap)]
 
 
+def halves(tasks: Sequence[T], key=lambda t: t.task_id) -> tuple[list[T], list[T]]:
+    """``tasks`` split in two halves by a stable hash of each one's id (MobileRL Appendix E.5's random split of
+    AndroidLab's test set), each half in the list's order; the first gets the odd one out."""
+    from mobilerl.seeding import stable_seed
+
+    ranked = sorted(range(len(tasks)), key=lambda i: stable_seed("half", key(tasks[i])))
+    first = set(ranked[: (len(tasks) + 1) // 2])
+    return [t for i, t in enumerate(tasks) if i in first], [t for i, t in enumerate(tasks) if i not in first]
+
+
 def write_task_lists(out_dir: Path, suites: Sequence[str], *, n_train: int | None = None, n_test: int | None = None,
                      check_oracle: bool = True, perturb: str = "default", workers: int = 2) -> dict[str, Any]:
     """Write ``{suite}_{split}.jsonl`` for every suite and split into ``out_dir``; return their metrics by

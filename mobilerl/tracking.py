@@ -22,6 +22,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "mobilerl"
 PARENT_ENV = "MOBILERL_PARENT_RUN_ID"
+# The experiment's kind, as MLflow 3's UI names it (its JS: CUSTOM_MODEL_DEVELOPMENT): UIs that read the tag open the
+# experiment on its training runs. 3.17.2's UI ignores it (a feature flag fixed on) and follows its own GenAI /
+# Model training switch, per browser, GenAI by default: ui_url() says Model training in the link.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 FLOW_RUN_ENV = "MOBILERL_PREFECT_FLOW_RUN_ID"
 
 
@@ -40,12 +44,21 @@ def setup() -> str:
         db_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(EXPERIMENT)
+    kind, value = EXPERIMENT_KIND
     if exp is None:
         # artifacts beside the database (the default: mlruns/artifacts), so a store elsewhere (a test's,
         # a temporary pipeline copy's) keeps its artifacts, checkpoints included, out of the workspace
         artifacts = (db_dir / "artifacts").as_uri() if db_dir is not None else None
-        return mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
+        return mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts, tags={kind: value})
+    if exp.tags.get(kind) != value:  # a store created before the tag was set
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, kind, value)
     return exp.experiment_id
+
+
+def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's runs, as charts, in the MLflow UI (``make ui``), on its Model training side: MLflow 3.17's
+    UI opens an experiment on the GenAI overview unless the browser's switch (top left) or the link says so."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
 
 
 def git_sha() -> str:
@@ -136,6 +149,34 @@ def pipeline_run(name: str, params: Mapping[str, Any] | None = None) -> Iterator
                 os.environ.pop(PARENT_ENV, None)
             else:
                 os.environ[PARENT_ENV] = old
+
+
+def log_run(name: str, parent_run_id: str, params: Mapping[str, Any], tags: Mapping[str, str],
+            curve: list[Mapping[str, Any]], metrics: Mapping[str, Any], failed: bool = False) -> str:
+    """A finished run nested under ``parent_run_id``, logged from records: each ``curve`` row's numeric keys at
+    step ``row["round"]``, then ``metrics`` (flattened, step 0); returns its id. Cells of the ablation study log
+    this way after they end, so a resumed or skipped cell still shows its whole curve."""
+    import time
+
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    experiment_id = setup()
+    client = MlflowClient()
+    run = client.create_run(experiment_id, run_name=name,
+                            tags={"mlflow.parentRunId": parent_run_id, **common_tags(), **tags})
+    rid = run.info.run_id
+    now = int(time.time() * 1000)
+    rows = [(int(r["round"]), {k: v for k, v in r.items() if k != "round"}) for r in curve]
+    ms = [Metric(metric_key(k), float(v), now, step) for step, row in [*rows, (0, flatten(metrics))]
+          for k, v in flatten(row).items() if isinstance(v, int | float) and not isinstance(v, bool) and v == v]
+    ps = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+    for i in range(0, len(ps), 100):  # log_batch takes at most 100 params, 1000 metrics
+        client.log_batch(rid, params=ps[i:i + 100])
+    for i in range(0, len(ms), 1000):
+        client.log_batch(rid, metrics=ms[i:i + 1000])
+    client.set_terminated(rid, "FAILED" if failed else "FINISHED")
+    return rid
 
 
 def metric_key(key: str) -> str:

@@ -1,13 +1,16 @@
-"""Serve the deployments of flow ``mobilerl``: ``full`` (the whole pipeline) and ``smoke``.
+"""Serve the deployments of flow ``mobilerl``: ``full`` (the whole pipeline), ``smoke`` and ``ablation``.
 
 Started by ``make serve`` after the local Prefect server is up; then, in another shell,
-``prefect deployment run mobilerl/full`` (or ``mobilerl/smoke``) runs the pipeline here.
+``prefect deployment run mobilerl/full`` (or ``mobilerl/smoke``, ``mobilerl/ablation``) runs it here. The ablation
+study is its own flow function (``pipelines/ablation.py``) under the same flow name: a deployment keeps its own
+entrypoint, so ``mobilerl/ablation`` runs that function and ``mobilerl/full`` the pipeline.
 """
 
 from __future__ import annotations
 
 from prefect import serve
 
+from pipelines.ablation import ablation
 from pipelines.flow import mobilerl
 
 
@@ -24,7 +27,13 @@ def main() -> None:
         parameters={"preset": "smoke", "isolated": True},
         tags=["mobilerl", "smoke"],
     )
-    serve(full, smoke)
+    study = ablation.to_deployment(
+        name="ablation",
+        description="AdaGRPO ablations and peer options, variants x seeds (configs/ablation.yaml), resumable; "
+                    "MLflow parent run with a nested run per cell; then the report.",
+        tags=["mobilerl", "ablation"],
+    )
+    serve(full, smoke, study)
 
 
 if __name__ == "__main__":

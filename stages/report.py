@@ -4,7 +4,9 @@ Reads ``data/eval/summary.json`` (one summary per policy × suite; beside it ``o
 checkpoints' offline step accuracy, and ``sampled.json``, the pass@k sampling study) and writes
 ``reports/report.md``, ``reports/figures/*.png`` and ``reports/metrics.json``
 (:func:`mobilerl.eval.report.build_report`), with the `rl` stage's curve and, per template, the RL init's and the RL
-policy's world/test episodes when they exist; the report folder goes to MLflow as artifacts.
+policy's world/test episodes when they exist, and the ablation study's aggregate
+(``experiments/ablation/summary.json``, written by deployment ``mobilerl/ablation``); the report folder goes to MLflow
+as artifacts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ RL_CURVE = ROOT / "data" / "checkpoints" / "adagrpo.curve.jsonl"
 TRAJECTORIES = ROOT / "data" / "eval" / "trajectories"
 REWARD = ROOT / "data" / "reward" / "metrics.json"  # the reward_model stage's held-out figures
 REWARD_EXAMPLES = ROOT / "data" / "reward" / "eval" / "examples"
+ABLATION = ROOT / "experiments" / "ablation" / "summary.json"  # the `ablation` deployment's aggregate (git-tracked)
 REPORTS = ROOT / "reports"
 
 
@@ -35,6 +38,7 @@ def main() -> None:
     curve = [json.loads(x) for x in RL_CURVE.read_text().splitlines()] if RL_CURVE.is_file() else []
     world = {p: read_jsonl(f) for p in (RL_BEFORE, RL_AFTER) if (f := TRAJECTORIES / f"{p}__world.jsonl").is_file()}
     reward = read_json(REWARD) if REWARD.is_file() else None
+    ablation = read_json(ABLATION) if ABLATION.is_file() else None
     examples = []
     if reward and REWARD_EXAMPLES.is_dir():
         (REPORTS / "figures").mkdir(parents=True, exist_ok=True)
@@ -43,7 +47,7 @@ def main() -> None:
             examples.append(f"reward_{png.name}")
     with tracking.stage_run("report", cfg.model_dump()) as run:
         md, metrics = build_report(summary, cfg, REPORTS / "figures", offline, sampled, curve,
-                                   template_table(world, RL_BEFORE, RL_AFTER), reward, examples)
+                                   template_table(world, RL_BEFORE, RL_AFTER), reward, examples, ablation)
         (REPORTS / "report.md").write_text(md)
         metrics["report_mlflow_run_id"] = run.info.run_id
         write_json(REPORTS / "metrics.json", metrics)

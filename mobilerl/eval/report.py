@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from mobilerl.config import ROOT, StageConfig
+from mobilerl.eval import ablation as abl
 
 BASELINES = ("oracle", "random")
 
@@ -279,10 +280,12 @@ def plot_sampled(sampled: dict, cfg: ReportConfig, outdir: Path) -> list[str]:
 def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: dict | None = None,
                  sampled: dict | None = None, rl_curve: list[dict] | None = None,
                  rl_templates: dict[str, dict[str, Any]] | None = None, reward: dict | None = None,
-                 reward_examples: list[str] | None = None) -> tuple[str, dict]:
+                 reward_examples: list[str] | None = None, ablation: dict | None = None) -> tuple[str, dict]:
     """The report's figures (written into ``figures_dir``), its Markdown and its metrics JSON; with the `rl`
-    stage's curve, its section (:func:`rl_section`, before = the RL init ``RL_BEFORE``); with the reward model's
-    held-out metrics, its section (:func:`reward_section`)."""
+    stage's curve, its section (:func:`rl_section`, before = the RL init ``RL_BEFORE``); the ablation study's
+    section (:mod:`mobilerl.eval.ablation`, from ``experiments/ablation/summary.json``; a note while it has no
+    results); with the reward model's held-out metrics, its section (:func:`reward_section`)."""
+
     figures = plot(summary, cfg, figures_dir) + plot_sampled(sampled or {}, cfg, figures_dir)
     md = render_markdown(summary, cfg, figures, offline, sampled)
     metrics = metrics_json(summary, cfg, offline, sampled)
@@ -291,6 +294,9 @@ def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: d
         lines = rl_section(rl_curve, rl_templates or {}, RL_BEFORE, RL_AFTER, fig and Path(fig).name)
         md = md.rstrip("\n") + "\n\n" + "\n".join(lines)
         metrics["rl"] = rl_summary(rl_curve)
+    md = md.rstrip("\n") + "\n\n" + "\n".join(abl.section(ablation, abl.plot(ablation, figures_dir)))
+    if ablation and ablation.get("variants"):
+        metrics["ablation"] = abl.metrics(ablation)
     if reward:
         md = md.rstrip("\n") + "\n\n" + "\n".join(reward_section(reward, reward_examples or []))
         metrics["reward_model"] = {k: reward[k] for k in ("accuracy", "precision", "recall", "f1", "n")}

@@ -48,6 +48,11 @@ class RLConfig(StageConfig):
     lab_share: float = Field(0.0, ge=0, le=1, description=(
         "Share of a round's tasks drawn from lab/train, whose verifier is hidden (the authors mix 4:1: 0.2)."))
     reward_model: str | None = Field(None, description="Judge checkpoint (the reward_model stage's) scoring lab/train.")
+    test_half: Literal[0, 1] | None = Field(None, description=(
+        "Train on this half of the suite's test split (mobilerl.tasks.halves) instead of its train split, the "
+        "other half left for evaluation (Appendix E.5)."))
+    judge_all: bool = Field(False, description=(
+        "Reward every episode with rl.reward_model, the verifier's verdict kept only as a metric (E.5's arm ii)."))
     prune_negatives: float | None = Field(
         2.0, ge=0, description="Keep at most this many negatives per positive in a group (None: all).")
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
@@ -108,6 +113,8 @@ class RLConfig(StageConfig):
     def _judge_for_lab(self) -> RLConfig:
         if self.lab_share > 0 and not self.reward_model:
             raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        if self.judge_all and not self.reward_model:
+            raise ValueError("rl.judge_all needs rl.reward_model: the judge that scores every episode")
         bad = [u for u in self.engines or [] if not u.startswith(("http://", "https://"))]
         if self.engines is not None and (not self.engines or bad):
             raise ValueError(f"rl.engines must be a non-empty list of http(s):// URLs, got {self.engines!r}")
@@ -123,7 +130,7 @@ class RLConfig(StageConfig):
     @model_validator(mode="after")
     def _async_alone(self) -> RLConfig:
         # the asynchronous loop (async_rollout.py) runs the in-process simulator and AdaGRPO's own mechanisms only
-        clash = [k for k in ("env_servers", "engines", "dart", "distrl", "bepa", "dynamic_sampling") if getattr(self, k, None)]
+        clash = [k for k in ("env_servers", "engines", "dart", "distrl", "bepa", "dynamic_sampling", "judge_all") if getattr(self, k, None)]
         if self.async_ is not None and clash:
             raise ValueError(f"rl.async is not combined with rl.{', rl.'.join(clash)} yet; use synchronous rounds")
         return self

@@ -83,11 +83,15 @@ def make_groups(trajectories: list[Trajectory]) -> tuple[list[Group], int]:
     return [Group(k, v) for k, v in by_task.items()], dropped
 
 
-def judge_rewards(trajectories: list[Trajectory], judge: Any) -> int:
-    """Rewards of the episodes whose task hides its verifier (lab/train): the reward model's verdict, binary as
-    the verifier's (P(completed) ≥ 0.5), in place; an episode that ended in an error stays a failure. Returns
-    how many were judged."""
-    todo = [t for t in trajectories if not t.has_verifier and t.error is None]
+def judge_rewards(trajectories: list[Trajectory], judge: Any, everyone: bool = False) -> int:
+    """Rewards of the episodes whose task hides its verifier (lab/train; ``everyone``: of all episodes, the
+    verifier's verdict kept in ``meta["verified"]``): the reward model's verdict, binary as the verifier's
+    (P(completed) ≥ 0.5), in place; an episode that ended in an error stays a failure. Returns how many were
+    judged."""
+    todo = [t for t in trajectories if (everyone or not t.has_verifier) and t.error is None]
+    for t in todo:
+        if t.has_verifier:
+            t.meta["verified"] = bool(t.success)
     for t, p in zip(todo, judge.score(todo) if todo else [], strict=True):
         t.reward = 1.0 if p >= 0.5 else 0.0
         t.success = t.reward == 1.0
@@ -333,7 +337,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
         rollout_s = time.perf_counter() - tr - load_s
         sync_s += load_s
         tj = time.perf_counter()
-        judged = judge_rewards(trajs, judge) if judge is not None else 0
+        judged = judge_rewards(trajs, judge, cfg.judge_all) if judge is not None else 0
         reward_s = time.perf_counter() - tj
         groups, dropped = make_groups(trajs)
         gen = torch.Generator().manual_seed(stable_seed(cfg.seed, "prune", r) % (2**63))
@@ -355,6 +359,9 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
              "reward/judged": float(judged),
              "time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/train_s": train_s, "time/sync_s": sync_s,
              **getattr(workers, "env_metrics", dict)()}  # envs/<server>/...: with rl.env_servers
+        if cfg.judge_all:  # E.5: the verifier's success of the episodes the judge rewarded
+            ok = [t for g in groups for t in g.trajectories]
+            m["rollout/verified_success"] = float(np.mean([t.meta.get("verified", t.success) for t in ok])) if ok else 0.0
         if um.get("train/tokens") and train_s > 0:
             m["train/tokens_per_s"] = um["train/tokens"] / train_s
         if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
@@ -373,21 +380,25 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
 
 
 def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
-    """The train tasks of ``cfg.suite`` (and of lab when ``lab_share`` > 0), per template at most
-    ``tasks_per_template``, of the templates whose test tasks need at most ``templates_max_steps`` optimal steps."""
-    from mobilerl.tasks import load_tasks
+    """The train tasks of ``cfg.suite`` (with ``test_half``: that half of its test tasks; and lab/train when
+    ``lab_share`` > 0), per template at most ``tasks_per_template``, of the templates whose test tasks need at most
+    ``templates_max_steps`` optimal steps."""
+    from mobilerl.tasks import halves, load_tasks
 
     lists = root / "data" / "tasks" / "suites"
     pool: list[TaskSpec] = []
     for suite in [cfg.suite, *(["lab"] if cfg.lab_share > 0 and cfg.suite != "lab" else [])]:
-        tasks = load_tasks(suite, "train", per_template=cfg.tasks_per_template, root=lists)
+        split = "test" if cfg.test_half is not None and suite == cfg.suite else "train"
+        tasks = load_tasks(suite, split, per_template=cfg.tasks_per_template, root=lists)
+        if split == "test":  # E.5: one half of the test split, the other one evaluates
+            tasks = halves(tasks)[cfg.test_half]
         if cfg.templates_max_steps is not None:
             longest: dict[str, int] = defaultdict(int)
             for t in load_tasks(suite, "test", root=lists):
                 longest[t.template] = max(longest[t.template], t.optimal_steps)
             tasks = [t for t in tasks if longest.get(t.template, 10**9) <= cfg.templates_max_steps]
         if not tasks:
-            raise ValueError(f"rl: no {suite}/train task passes templates_max_steps={cfg.templates_max_steps}")
+            raise ValueError(f"rl: no {suite}/{split} task passes templates_max_steps={cfg.templates_max_steps}")
         pool += tasks
     return pool
 
