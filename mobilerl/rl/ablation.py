@@ -102,7 +102,8 @@ def cell_spec(table: AblationTable, variant: str, seed: int, base_rl: dict[str, 
     rel = where.relative_to(root).as_posix() if where.is_relative_to(root) else str(where)
     own = {"seed": seed, "work": f"{rel}/work", "out": f"{rel}/policy", **({"rounds": rounds} if rounds else {})}
     d = merged(base_rl, table.cell, table.variants[variant], own)
-    missing = sorted(set(d) - set(RLConfig.model_fields))
+    known = {f.alias or k for k, f in RLConfig.model_fields.items()} | set(RLConfig.model_fields)
+    missing = sorted(set(d) - known)
     if missing:
         hint = (" (peer options other branches add to RLConfig: merge them first)" if set(missing) <= PEER_KEYS
                 else "")
@@ -116,12 +117,14 @@ def cell_spec(table: AblationTable, variant: str, seed: int, base_rl: dict[str, 
     except ValueError as e:
         raise ValueError(f"configs/ablation.yaml: variant {variant!r}: {e}") from None
     ev = table.eval.model_copy(update={"per_template": eval_per_template} if eval_per_template else {})
+    # the fingerprint reads the fields set away from their defaults, so a new option (off) keeps finished cells
     return {"variant": variant, "seed": seed, "overrides": table.variants[variant], "rl": cfg.model_dump(),
-            "eval": ev.model_dump()}
+            "rl_set": cfg.model_dump(exclude_defaults=True), "eval": ev.model_dump()}
 
 
 def fingerprint(spec: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps({k: spec[k] for k in ("rl", "eval")}, sort_keys=True).encode()).hexdigest()[:16]
+    key = {"rl": spec.get("rl_set", spec["rl"]), "eval": spec["eval"]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def is_done(spec: dict[str, Any], where: Path) -> bool:
