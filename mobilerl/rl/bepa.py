@@ -21,7 +21,9 @@ Wait collapsed); seeding is lazy — a task is seeded the first time one of its 
 no cache entry, with ``bepa_seed_rollouts`` plan-conditioned episodes under the round's weights, and never
 again (so seeding costs at most pool × ``bepa_seed_rollouts`` episodes a run); only tasks with a verifier are
 seeded (the paper keeps R(τ) = 1 seeds), lab/train tasks enter the cache through judged successes only.
-Metrics and the curriculum see the on-policy groups, not the injected ones.
+The paper seeds its whole expert set up front with the base policy; lazy seeding with the round's policy
+spends rollouts only on tasks the policy cannot yet solve. Metrics and the curriculum see the on-policy groups,
+not the injected ones; with AdaPR on, an injected success may enter the replay buffer like any trained one.
 """
 
 from __future__ import annotations
