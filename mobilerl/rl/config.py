@@ -99,6 +99,14 @@ class RLConfig(StageConfig):
         "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
     tis_cap: float | None = Field(None, ge=1.0, description=(
         "Ratio against the trainer's own old logprobs, each token weighted by min(π_old/π_behaviour, cap) (None: off)."))
+    bepa: bool = Field(False, description=(
+        "BEPA (bepa.txt §4, mobilerl/rl/bepa.py): a cached success replaces the first rollout of an all-failed group."))
+    bepa_seed_rollouts: int = Field(4, ge=1, description=(
+        "Plan-conditioned episodes that seed a task's BEPA cache, once a run, when its group first fails whole."))
+    dynamic_sampling: bool = Field(False, description=(
+        "DAPO's dynamic sampling (mobilerl/rl/dynamic_sampling.py): draw until the batch's groups all have signal."))
+    dynamic_sampling_max_draws: int = Field(4, ge=1, description=(
+        "Rollout draws of train_batch_size tasks a round at most, the first included."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")

@@ -7,8 +7,10 @@
       → clipped surrogate against behaviour logprobs + k3 KL → one optimiser step
       → weights to the rollout workers → resumable checkpoint every ``checkpoint_every`` rounds
 
-Two peer systems' mechanisms are switches, off by default, hooked in at the rollout counts and the update's rows:
-DART (``rl.dart``, :mod:`mobilerl.rl.dart`) and DistRL (``rl.distrl``, :mod:`mobilerl.rl.distrl`).
+Peer systems' mechanisms are switches, off by default (docs/rl.md, "Peer options"): DART (``rl.dart``,
+:mod:`mobilerl.rl.dart`) at the rollout counts and the update's rows, DistRL (``rl.distrl``,
+:mod:`mobilerl.rl.distrl`) at the replayed rows, BEPA and DAPO's dynamic sampling between the groups and SPA
+(:func:`peer_options`).
 
 Every random choice of round r is seeded by (seed, r), so a run resumed from its checkpoint of round r
 continues exactly as the uninterrupted run would (weights, optimiser, buffer and curriculum are restored).
@@ -17,6 +19,7 @@ With ``rl.async`` the rounds are :func:`mobilerl.rl.async_rollout.train_async`'s
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -43,9 +46,11 @@ from mobilerl.rl.batch import (
     rows_policy_stats,
     trajectory_rows,
 )
+from mobilerl.rl.bepa import BEPA, old_policy_logprobs
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.dart import DartCurator
 from mobilerl.rl.distrl import DistRL
+from mobilerl.rl.dynamic_sampling import fill_batch, has_signal
 from mobilerl.rl.fcf import FailureCurriculum
 from mobilerl.rl.loss import group_advantages, policy_loss, prune_negatives, tis_weights
 from mobilerl.rl.spa import shortest_path_rewards
@@ -133,6 +138,7 @@ class Trainer:
         self.buffer: PositiveReplay[Trajectory] = PositiveReplay(
             self.settings.adapr_buffer_size, self.settings.adapr_kappa, self.settings.adapr_gamma)
         self.curriculum = FailureCurriculum(cfg.fcf_patience, cfg.fcf_cooldown)
+        self.bepa = BEPA(cfg.bepa_seed_rollouts, cfg.seed) if cfg.bepa else None
         self.round = 0
         # peer systems' mechanisms (rl.dart, rl.distrl), off by default: their logic is in dart.py, distrl.py
         self.dart = DartCurator.from_config(cfg, self.settings.samples_per_task) if cfg.dart else None
@@ -140,10 +146,11 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------- sampling
 
-    def sample_tasks(self, pool: list[TaskSpec], r: int) -> list[TaskSpec]:
+    def sample_tasks(self, pool: list[TaskSpec], r: int, draw: int = 0) -> list[TaskSpec]:
         """The round's tasks: ``lab_share`` of them from the pool's unverified (lab/train) tasks, the rest from
-        its verifiable ones; by FCF weight, or uniformly without FCF."""
-        rng = np.random.default_rng(stable_seed(self.cfg.seed, "tasks", r))
+        its verifiable ones; by FCF weight, or uniformly without FCF. ``draw`` > 0: dynamic sampling's further
+        draws of the round, seeded apart."""
+        rng = np.random.default_rng(stable_seed(self.cfg.seed, "tasks", r, *([draw] if draw else [])))
         n = self.settings.train_batch_size
         n_lab = round(self.cfg.lab_share * n)
         chosen: set[str] = set()
@@ -158,6 +165,11 @@ class Trainer:
         return [t for t in pool if t.task_id in chosen]
 
     # ------------------------------------------------------------------------------------------- update
+
+    def old_policy_logprobs(self, traj: Trajectory) -> Trajectory:
+        """``traj`` with π_θold's logprobs, the weights before this round's update (BEPA's replayed trajectory)."""
+        return old_policy_logprobs(traj, self.model, self.fmt, self.prompt_ids, self.pad_id,
+                                   self.settings.temperature, self.cfg.micro_batch_tokens)
 
     def batch(self, groups: list[Group], r: int) -> tuple[list[Row], dict[str, float]]:
         """The update's rows: up to ⌊γ·M⌋ replayed trajectories (AdaPR, M the round's configured batch of
@@ -271,7 +283,8 @@ class Trainer:
         return {"round": self.round, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "buffer": self.buffer.state_dict(lambda t: t.to_dict()), "curriculum": self.curriculum.state_dict(),
                 **({"dart": self.dart.state_dict()} if self.dart else {}),
-                **({"distrl": self.distrl.buffer.state_dict(lambda t: t.to_dict())} if self.distrl else {})}
+                **({"distrl": self.distrl.buffer.state_dict(lambda t: t.to_dict())} if self.distrl else {}),
+                **({"bepa": self.bepa.state_dict()} if self.bepa is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
@@ -283,12 +296,59 @@ class Trainer:
             self.dart.load_state_dict(state["dart"])
         if self.distrl is not None:
             self.distrl.buffer.load_state_dict(state["distrl"], Trajectory.from_dict)
+        if self.bepa is not None:
+            self.bepa.load_state_dict(state.get("bepa", {}))
 
 
 def save_atomic(obj: Any, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def _episodes(workers: Any, tasks: list[TaskSpec], n: int, base_seed: int, weights: Path | None,
+              version: int) -> list[Trajectory]:
+    return workers.run(tasks, n, base_seed, weights, version)[0]
+
+
+def _draw(trainer: Trainer, pool: list[TaskSpec], r: int, rollout: Callable[..., list[Trajectory]], judge: Any,
+          on_policy: list[Group], metrics: dict[str, float], d: int, seen: set[str]) -> list[Group]:
+    """Dynamic sampling's draw ``d`` > 0 of round ``r``: new tasks, their rollouts (seeded by (seed, r, d)),
+    rewards and groups to train on (BEPA applied when on); the on-policy groups are appended to
+    ``on_policy``, env failures and ``bepa/*`` counts added to ``metrics``."""
+    tasks = trainer.sample_tasks([t for t in pool if t.task_id not in seen], r, draw=d)
+    if not tasks:
+        return []
+    trajs = rollout(tasks, trainer.settings.samples_per_task, stable_seed(trainer.cfg.seed, "rollout", r, d))
+    judged = judge_rewards(trajs, judge, trainer.cfg.judge_all) if judge is not None else 0
+    groups, dropped = make_groups(trajs)
+    on_policy += groups
+    metrics["rollout/env_failures"] = metrics.get("rollout/env_failures", 0.0) + dropped
+    metrics["reward/judged"] = metrics.get("reward/judged", 0.0) + judged
+    if trainer.bepa is None:
+        return groups
+    train_groups, bm = trainer.bepa.assimilate(groups, tasks, r, rollout, trainer.old_policy_logprobs)
+    for k, v in bm.items():  # counts add up over the draws; the cache's size is the latest
+        metrics[k] = v if k == "bepa/cache_tasks" else metrics.get(k, 0.0) + v
+    return train_groups
+
+
+def peer_options(trainer: Trainer, workers: Any, pool: list[TaskSpec], tasks: list[TaskSpec], groups: list[Group],
+                 r: int, weights: Path | None, judge: Any) -> tuple[list[Group], list[Group], dict[str, float]]:
+    """BEPA (bepa.py) and dynamic sampling (dynamic_sampling.py) on a round's first draw ``groups``: returns the
+    groups to train on, the further draws' on-policy groups, and their metrics (``bepa/*``, ``sampling/*``, and
+    ``rollout/env_failures`` and ``reward/judged`` of the further draws for the caller to add up)."""
+    cfg, s = trainer.cfg, trainer.settings
+    rollout = functools.partial(_episodes, workers, weights=weights, version=r)
+    train_groups, metrics, more = groups, {}, []
+    if trainer.bepa is not None:
+        train_groups, metrics = trainer.bepa.assimilate(groups, tasks, r, rollout, trainer.old_policy_logprobs)
+    if cfg.dynamic_sampling:
+        draw = functools.partial(_draw, trainer, pool, r, rollout, judge, more, metrics)
+        train_groups, _, dm = fill_batch(train_groups, draw, s.train_batch_size, cfg.dynamic_sampling_max_draws,
+                                         functools.partial(has_signal, spa_alpha=s.spa_alpha if cfg.spa else None))
+        metrics.update(dm)
+    return train_groups, more, metrics
 
 
 def round_metrics(groups: list[Group], trajectories: list[Trajectory], dropped: int) -> dict[str, float]:
@@ -340,19 +400,28 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
         judged = judge_rewards(trajs, judge, cfg.judge_all) if judge is not None else 0
         reward_s = time.perf_counter() - tj
         groups, dropped = make_groups(trajs)
+        train_groups, peer = groups, {}
+        if trainer.bepa is not None or cfg.dynamic_sampling:  # docs/rl.md "Peer options"
+            tp = time.perf_counter()
+            train_groups, more, peer = peer_options(trainer, workers, pool, tasks, groups, r,
+                                                    weights if r > 0 else None, judge)
+            groups = groups + more  # on-policy, as sampled: the curriculum and rollout/* see these
+            dropped += int(peer.pop("rollout/env_failures", 0))
+            judged += int(peer.pop("reward/judged", 0))
+            rollout_s += time.perf_counter() - tp  # their rollouts: BEPA's seeding, further draws
         gen = torch.Generator().manual_seed(stable_seed(cfg.seed, "prune", r) % (2**63))
-        score_groups(groups, s.spa_alpha if cfg.spa else None, cfg.prune_negatives, gen)
+        score_groups(train_groups, s.spa_alpha if cfg.spa else None, cfg.prune_negatives, gen)
         for g in groups:
             trainer.curriculum.update(g.task_id, g.successes)
             if trainer.dart is not None:
                 trainer.dart.update(g.task_id, g.successes)
         tt = time.perf_counter()
-        rows, bm = trainer.batch(groups, r)
+        rows, bm = trainer.batch(train_groups, r)
         um = trainer.update(rows)
         train_s = time.perf_counter() - tt
         trainer.round = r + 1
         counts = trainer.curriculum.counts([t.task_id for t in pool])
-        m = {"round": r, **round_metrics(groups, trajs, dropped), **bm, **um,
+        m = {"round": r, **round_metrics(groups, trajs, dropped), **peer, **bm, **um,
              "buffer/size": float(len(trainer.buffer)), "buffer/age": trainer.buffer.mean_age(r),
              "curriculum/active": float(counts["active"]), "curriculum/cooldown": float(counts["cooldown"]),
              "curriculum/removed": float(counts["removed"]),
