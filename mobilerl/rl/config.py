@@ -46,6 +46,11 @@ class RLConfig(StageConfig):
     rollout_concurrency: int = Field(64, ge=1, description="Episodes in flight per rollout worker.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
+    trainer_backend: Literal["single", "ddp", "deepspeed"] = Field("single", description=(
+        "How the update runs: one process, or data-parallel over the processes a launcher started (torchrun, "
+        "deepspeed, accelerate launch) with torch.distributed (ddp) or DeepSpeed ZeRO (deepspeed_config)."))
+    deepspeed_config: str | None = Field(None, description=(
+        "DeepSpeed JSON (repo-relative, e.g. configs/deepspeed/zero2.json) of the deepspeed trainer backend."))
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("adagrpo", description="MLflow alias of the trained policy.")
@@ -54,6 +59,12 @@ class RLConfig(StageConfig):
     def _judge_for_lab(self) -> RLConfig:
         if self.lab_share > 0 and not self.reward_model:
             raise ValueError("rl.lab_share > 0 needs rl.reward_model: lab/train tasks have no verifier")
+        return self
+
+    @model_validator(mode="after")
+    def _deepspeed_config(self) -> RLConfig:
+        if (self.trainer_backend == "deepspeed") != (self.deepspeed_config is not None):
+            raise ValueError("rl.deepspeed_config is needed by, and only by, rl.trainer_backend: deepspeed")
         return self
 
     def settings(self) -> RLSettings:
