@@ -2,8 +2,10 @@
 
 The loop is :func:`mobilerl.rl.trainer.run`; the config is :class:`mobilerl.rl.config.RLConfig` (mechanism
 switches here, hyper-parameters in the profile's ``rl:`` section). A killed run resumes from its last checkpoint
-in ``rl.work``. Outs: the policy in ``data/checkpoints/adagrpo`` (MLflow alias ``adagrpo``) and its per-round
-curve ``data/checkpoints/adagrpo.curve.jsonl``; metrics ``data/checkpoints/adagrpo.json``.
+in ``rl.work``. With ``rl.trainer_backend`` ddp / deepspeed it runs under a launcher (``torchrun
+--nproc_per_node N -m stages.rl``): every rank trains, rank 0 alone rolls out, logs and writes (docs/rl.md).
+Outs: the policy in ``data/checkpoints/adagrpo`` (MLflow alias ``adagrpo``) and its per-round curve
+``data/checkpoints/adagrpo.curve.jsonl``; metrics ``data/checkpoints/adagrpo.json``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, write_json
 from mobilerl.rl.config import RLConfig
+from mobilerl.rl.distributed import launch_rank
 from mobilerl.rl.trainer import run
 
 CHECKPOINTS = ROOT / "data" / "checkpoints"
@@ -21,6 +24,9 @@ CHECKPOINTS = ROOT / "data" / "checkpoints"
 def main() -> None:
     cfg = load_params("rl", RLConfig)
     cfg.settings()  # a bad override fails before anything runs
+    if launch_rank() != 0:  # a data-parallel follower (torchrun -m stages.rl): rank 0 logs, writes and registers
+        run(cfg, ROOT, progress=False)
+        return
     with tracking.stage_run("rl", cfg.model_dump()) as run_:
         summary, curve = run(cfg, ROOT, log_metrics=tracking.log_metrics)
         summary["registered_version"] = tracking.register_model(ROOT / cfg.out, cfg.registered_model, cfg.alias)

@@ -101,11 +101,12 @@ def _width(r: Row) -> int:
     return len(r.prompt_ids) + len(r.response_ids)
 
 
-def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """The forward over the U distinct sequences of ``rows``: right-padded ``input_ids``/``attention_mask``
     (U, L), ``positions`` (U, R) of the tokens that predict each response token, ``response_ids`` (U, R). Per
     row: ``seq`` (B,) the index of its sequence, ``behaviour_logprobs`` and ``response_mask`` (B, R),
-    ``advantages`` and ``on_policy`` (B,), and ``ref_logprobs`` (B, R) when every row has them."""
+    ``advantages`` and ``on_policy`` (B,), and ``ref_logprobs`` (B, R) when every row has them; on ``device``
+    (the model's) when given."""
     index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
     seq = [index.setdefault(_key(r), len(index)) for r in rows]
     uniq = {i: r for r, i in zip(rows, seq, strict=True)}
@@ -139,26 +140,40 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
            "on_policy": torch.tensor([r.on_policy for r in rows])}
     if all(r.ref_logprobs is not None for r in rows):
         out["ref_logprobs"] = ref  # (B, R)
-    return out
+    return out if device is None else {k: v.to(device) for k, v in out.items()}
 
 
 def response_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Logits (U, R, V) at the positions that predict each response token: the decoder's hidden states there
     through the LM head only (the prompt's other positions need no vocabulary projection)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    position_ids = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+    position_ids = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
     hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
     pos = batch["positions"]
     picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (U, R, H)
     return model.lm_head(picked)
 
 
+class ResponseLogits(torch.nn.Module):
+    """:func:`response_logits` of ``policy`` as a module's forward, for a wrapper that must run every forward
+    itself: DeepSpeed's engine (ZeRO-3 gathers parameters and counts micro-steps there)."""
+
+    takes_batch = True  # rows_logprobs calls it with the batch; the engine passes the attribute through
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return response_logits(self.policy, batch)
+
+
 def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logprobs (B, R), entropy (B, R) or None)`` of every row's response tokens under ``model`` at
-    ``temperature`` (the rollout's: behaviour logprobs are log_softmax(logits / T)); one forward per distinct
-    sequence, spread to its rows (their gradients add up)."""
-    logits = response_logits(model, batch)
+    """``(logprobs (B, R), entropy (B, R) or None)`` of every row's response tokens under ``model`` (the policy,
+    or a :class:`ResponseLogits` / an engine around one) at ``temperature`` (the rollout's: behaviour logprobs
+    are log_softmax(logits / T)); one forward per distinct sequence, spread to its rows (their gradients add up)."""
+    logits = model(batch) if getattr(model, "takes_batch", False) else response_logits(model, batch)
     logp = token_logprobs(logits, batch["response_ids"], temperature)[batch["seq"]]
     if not entropy:
         return logp, None

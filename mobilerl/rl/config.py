@@ -108,6 +108,11 @@ class RLConfig(StageConfig):
     dynamic_sampling_max_draws: int = Field(4, ge=1, description=(
         "Rollout draws of train_batch_size tasks a round at most, the first included."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
+    trainer_backend: Literal["single", "ddp", "deepspeed"] = Field("single", description=(
+        "How the update runs: one process, or data-parallel over the processes a launcher started (torchrun, "
+        "deepspeed, accelerate launch) with torch.distributed (ddp) or DeepSpeed ZeRO (deepspeed_config)."))
+    deepspeed_config: str | None = Field(None, description=(
+        "DeepSpeed JSON (repo-relative, e.g. configs/deepspeed/zero2.json) of the deepspeed trainer backend."))
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("adagrpo", description="MLflow alias of the trained policy.")
@@ -141,6 +146,12 @@ class RLConfig(StageConfig):
         clash = [k for k in ("env_servers", "engines", "dart", "distrl", "bepa", "dynamic_sampling", "judge_all") if getattr(self, k, None)]
         if self.async_ is not None and clash:
             raise ValueError(f"rl.async is not combined with rl.{', rl.'.join(clash)} yet; use synchronous rounds")
+        return self
+
+    @model_validator(mode="after")
+    def _deepspeed_config(self) -> RLConfig:
+        if (self.trainer_backend == "deepspeed") != (self.deepspeed_config is not None):
+            raise ValueError("rl.deepspeed_config is needed by, and only by, rl.trainer_backend: deepspeed")
         return self
 
     def settings(self) -> RLSettings:

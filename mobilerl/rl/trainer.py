@@ -19,6 +19,7 @@ With ``rl.async`` the rounds are :func:`mobilerl.rl.async_rollout.train_async`'s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -143,6 +144,11 @@ class Trainer:
         # peer systems' mechanisms (rl.dart, rl.distrl), off by default: their logic is in dart.py, distrl.py
         self.dart = DartCurator.from_config(cfg, self.settings.samples_per_task) if cfg.dart else None
         self.distrl = DistRL.from_config(cfg) if cfg.distrl else None
+        self.dp = None  # the data-parallel group of rl.trainer_backend ddp / deepspeed (it wraps the optimiser)
+        if cfg.trainer_backend != "single":
+            from mobilerl.rl.distributed import DataParallel
+
+            self.dp = DataParallel(self, cfg.trainer_backend, cfg.deepspeed_config)
 
     # ----------------------------------------------------------------------------------------- sampling
 
@@ -221,8 +227,9 @@ class Trainer:
     def reference_logprobs(self, rows: list[Row]) -> None:
         """Fill ``ref_logprobs`` of the rows that lack them, under the frozen reference policy."""
         todo = [r for r in rows if r.ref_logprobs is None]
+        device = next(self.ref.parameters()).device
         for mb in micro_batches(todo, self.cfg.micro_batch_tokens):
-            ref, _ = rows_logprobs(self.ref, collate(mb, self.pad_id), self.settings.temperature)
+            ref, _ = rows_logprobs(self.ref, collate(mb, self.pad_id, device), self.settings.temperature)
             for r, lp in zip(mb, ref.tolist(), strict=True):
                 r.ref_logprobs = lp[: len(r.response_ids)]
 
@@ -230,45 +237,19 @@ class Trainer:
         """``ppo_epochs`` optimiser steps over ``rows`` (micro-batches accumulated into one step each)."""
         if not rows:
             return {}
+        if self.dp is not None:  # every rank runs micro_step on its shard of the rows: distributed.py
+            return self.dp.update(self, rows)
         s = self.settings
         if self.ref is not None:
             self.reference_logprobs(rows)
         total_tokens = sum(len(r.response_ids) for r in rows)
         stats: dict[str, float] = defaultdict(float)
-        cap = self.cfg.tis_cap
         old: dict[int, torch.Tensor] = {}  # π_old of each micro-batch: epoch 0's logprobs, before any step
         self.model.train()
         for epoch in range(s.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(micro_batches(rows, self.cfg.micro_batch_tokens)):
-                b = collate(mb, self.pad_id)
-                if epoch == 0:
-                    stats["train/sequences"] += float(b["input_ids"].shape[0])  # distinct forwards
-                logp, ent = rows_logprobs(self.model, b, s.temperature, entropy=True)
-                ref = b.get("ref_logprobs")
-                denom, tis = b["behaviour_logprobs"], None
-                if cap is not None:  # three policies: ratio π_θ/π_old, times min(π_old/π_behaviour, C) (loss.py)
-                    denom = old.setdefault(i, logp.detach())
-                    tis = tis_weights(denom, b["behaviour_logprobs"], cap)
-                    if epoch == 0:
-                        capped = (denom - b["behaviour_logprobs"]) >= math.log(cap)
-                        stats["loss/tis_capped_frac"] += float((capped * b["response_mask"]).sum()) / total_tokens
-                loss, m = policy_loss(logp, denom, b["advantages"], b["response_mask"], ref, clip_eps=s.clip_ratio,
-                                      kl_coef=s.kl_coef, agg=self.cfg.aggregation, tis_weight=tis)
-                n_tok = float(b["response_mask"].sum())
-                share = n_tok / total_tokens if self.cfg.aggregation == "token-mean" else len(mb) / len(rows)
-                (loss * share).backward()
-                w = n_tok / total_tokens / s.ppo_epochs
-                stats["loss/policy"] += loss.item() * share / s.ppo_epochs
-                for k, v in m.items():
-                    stats[f"loss/{k}"] += v * w
-                with torch.no_grad():
-                    mask = b["response_mask"]
-                    stats["loss/entropy"] += float((ent * mask).sum()) / total_tokens / s.ppo_epochs
-                    if epoch == 0:  # the rollout/trainer mismatch, on-policy rows before any step
-                        fresh = mask * b["on_policy"].unsqueeze(1)
-                        gap = ((logp.detach() - b["behaviour_logprobs"]).abs() * fresh).max().item()
-                        stats["loss/logprob_gap_max"] = max(stats["loss/logprob_gap_max"], gap)
+                self.micro_step(mb, epoch, total_tokens, len(rows), stats, old=old, key=i).backward()
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
             stats["loss/grad_norm"] += float(gn) / s.ppo_epochs
             self.optimizer.step()
@@ -277,10 +258,51 @@ class Trainer:
         stats["train/tokens"] = float(total_tokens)
         return dict(stats)
 
+    def micro_step(self, mb: list[Row], epoch: int, total_tokens: int, total_rows: int, stats: dict[str, float],
+                   model: Any = None, old: dict[int, torch.Tensor] | None = None, key: int = 0) -> torch.Tensor:
+        """The loss of micro-batch ``mb`` scaled by its share of the step (of the step's ``total_tokens`` response
+        tokens, or ``total_rows`` rows for the seq-mean aggregations: all ranks' under data parallelism), for the
+        caller to backpropagate; adds its part of the metrics to ``stats``. ``model`` computes the logprobs
+        (default ``self.model``; the DeepSpeed engine, which must run every forward, under ZeRO). With
+        ``rl.tis_cap``, ``old[key]`` keeps the micro-batch's π_old: epoch 0's logprobs, before any step."""
+        s = self.settings
+        b = collate(mb, self.pad_id, next(self.model.parameters()).device)
+        if epoch == 0:
+            stats["train/sequences"] += float(b["input_ids"].shape[0])  # distinct forwards
+        logp, ent = rows_logprobs(self.model if model is None else model, b, s.temperature, entropy=True)
+        ref = b.get("ref_logprobs")
+        denom, tis, cap = b["behaviour_logprobs"], None, self.cfg.tis_cap
+        if cap is not None:  # three policies: ratio π_θ/π_old, times min(π_old/π_behaviour, C) (loss.py)
+            denom = (old if old is not None else {}).setdefault(key, logp.detach())
+            tis = tis_weights(denom, b["behaviour_logprobs"], cap)
+            if epoch == 0:
+                capped = (denom - b["behaviour_logprobs"]) >= math.log(cap)
+                stats["loss/tis_capped_frac"] += float((capped * b["response_mask"]).sum()) / total_tokens
+        loss, m = policy_loss(logp, denom, b["advantages"], b["response_mask"], ref, clip_eps=s.clip_ratio,
+                              kl_coef=s.kl_coef, agg=self.cfg.aggregation, tis_weight=tis)
+        n_tok = float(b["response_mask"].sum())
+        share = n_tok / total_tokens if self.cfg.aggregation == "token-mean" else len(mb) / total_rows
+        w = n_tok / total_tokens / s.ppo_epochs
+        stats["loss/policy"] += loss.item() * share / s.ppo_epochs
+        for k, v in m.items():
+            stats[f"loss/{k}"] += v * w
+        with torch.no_grad():
+            mask = b["response_mask"]
+            stats["loss/entropy"] += float((ent * mask).sum()) / total_tokens / s.ppo_epochs
+            if epoch == 0:  # the rollout/trainer mismatch, on-policy rows before any step
+                fresh = mask * b["on_policy"].unsqueeze(1)
+                gap = ((logp.detach() - b["behaviour_logprobs"]).abs() * fresh).max().item()
+                stats["loss/logprob_gap_max"] = max(stats["loss/logprob_gap_max"], gap)
+        return loss * share
+
     # --------------------------------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        """The resume state; its model and optimiser parts are the single process's whatever the world size
+        (gathered from the ranks under ZeRO)."""
+        model, optimizer = (self.dp.full_state(self) if self.dp is not None
+                            else (self.model.state_dict(), self.optimizer.state_dict()))
+        return {"round": self.round, "model": model, "optimizer": optimizer,
                 "buffer": self.buffer.state_dict(lambda t: t.to_dict()), "curriculum": self.curriculum.state_dict(),
                 **({"dart": self.dart.state_dict()} if self.dart else {}),
                 **({"distrl": self.distrl.buffer.state_dict(lambda t: t.to_dict())} if self.distrl else {}),
@@ -288,8 +310,11 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dp is not None:  # into every rank (partitioned under ZeRO)
+            self.dp.load_full_state(self, state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.buffer.load_state_dict(state["buffer"], Trajectory.from_dict)
         self.curriculum.load_state_dict(state["curriculum"])
         if self.dart is not None:
@@ -298,6 +323,10 @@ class Trainer:
             self.distrl.buffer.load_state_dict(state["distrl"], Trajectory.from_dict)
         if self.bepa is not None:
             self.bepa.load_state_dict(state.get("bepa", {}))
+
+    def gathered(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which ``self.model`` holds its whole weights (ZeRO-3 keeps a shard on each rank)."""
+        return self.dp.gathered(self) if self.dp is not None else contextlib.nullcontext()
 
 
 def save_atomic(obj: Any, path: Path) -> None:
@@ -388,7 +417,8 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
         sync_s = 0.0
         if r > 0 and not getattr(workers, "pushes_weights", False):  # remote engines take a push instead
             ts = time.perf_counter()
-            save_model(trainer.model, str(weights))  # tied embeddings are saved once
+            with trainer.gathered():
+                save_model(trainer.model, str(weights))  # tied embeddings are saved once
             sync_s += time.perf_counter() - ts
         tasks = trainer.sample_tasks(pool, r)
         tr = time.perf_counter()
@@ -492,10 +522,14 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
     backend = HFBackend.from_pretrained(init, device="cpu", fast_prefill=False, prefix_cache_tokens=0)
     pad = backend.pad_id
     trainer = Trainer(cfg, backend.model, backend.prompt_ids, pad, fmt)
+    if trainer.dp is not None and trainer.dp.rank != 0:
+        trainer.dp.follow(trainer)  # the updates, checkpoints and weight gathers rank 0 runs; then rank 0 stops it
+        return {}, []
     pool = training_pool(cfg, root)
-    # where the episodes run is not part of what is trained: a replaced env server keeps the run resumable
-    fingerprint = json.dumps({"cfg": cfg.model_dump(exclude={"env_servers", "env_pool"}), "settings": s.model_dump()},
-                             sort_keys=True)
+    # where the episodes run and how the update is spread over processes do not change what is trained: a run
+    # resumes with a replaced env server, or under another backend / world size
+    same = cfg.model_dump(exclude={"env_servers", "env_pool", "trainer_backend", "deepspeed_config"})
+    fingerprint = json.dumps({"cfg": same, "settings": s.model_dump()}, sort_keys=True)
     state_path = work / "state.pt"
     if state_path.exists() and (work / "config.json").exists() and (work / "config.json").read_text() == fingerprint:
         trainer.load_state_dict(torch.load(state_path, weights_only=False))
@@ -540,11 +574,14 @@ def run(cfg: RLConfig, root: Path, log_metrics: Callable[[dict[str, float], int]
 
         shutil.rmtree(out)
     recorded = json.loads((init / "tiny.json").read_text()) if (init / "tiny.json").exists() else None
-    if recorded is not None:
-        tiny.save(trainer.model, backend.processor, out, extra={**recorded, "adagrpo_of": cfg.init})
-    else:
-        trainer.model.save_pretrained(out)
-        backend.processor.save_pretrained(out)
+    with trainer.gathered():
+        if recorded is not None:
+            tiny.save(trainer.model, backend.processor, out, extra={**recorded, "adagrpo_of": cfg.init})
+        else:
+            trainer.model.save_pretrained(out)
+            backend.processor.save_pretrained(out)
+    if trainer.dp is not None:
+        trainer.dp.stop()
     (out / "curriculum.json").write_text(json.dumps(trainer.curriculum.state_dict(), indent=1) + "\n")
     # the resume state holds the replay buffer's unmasked trajectories (exact prompts and sampled tokens):
     # it lives only while the run can still be resumed
