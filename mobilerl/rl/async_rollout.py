@@ -52,7 +52,7 @@ from mobilerl.agent.runner import episode_seed, run_episode
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.pool import EnvFactory, EnvPool
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import judge_rewards, make_groups, round_metrics, save_atomic, score_groups
+from mobilerl.rl.trainer import close_round, judge_rewards, make_groups, round_metrics, score_groups
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
 
@@ -540,21 +540,12 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
                      "async/worker_load_s": max((x[2] for x in loads), default=0.0),
                      "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/train_s": train_s,
                      "time/sync_s": sync_s}
-                if um.get("train/tokens") and train_s > 0:
-                    m["train/tokens_per_s"] = um["train/tokens"] / train_s
-                if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
-                    tc = time.perf_counter()
-                    tmp = draws_path.with_suffix(".tmp")  # first: a count ahead of the checkpoint is harmless
+                def save_draws() -> None:  # first: a count ahead of the checkpoint is harmless
+                    tmp = draws_path.with_suffix(".tmp")
                     tmp.write_text(json.dumps({"draws": sched.draw}))
                     os.replace(tmp, draws_path)
-                    save_atomic(trainer.state_dict(), work / "state.pt")
-                    m["time/checkpoint_s"] = time.perf_counter() - tc
-                m["time/step_s"] = time.perf_counter() - t0
-                m["time/other_s"] = m["time/step_s"] - wait_s - reward_s - train_s - sync_s
-                curve.append(m)
-                with curve_path.open("a") as f:
-                    f.write(json.dumps(m) + "\n")
-                log_metrics({k: v for k, v in m.items() if k != "round"}, r)
+
+                close_round(cfg, trainer, work, m, t0, curve, curve_path, log_metrics, save_draws)
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
     finally:
         bar.close()

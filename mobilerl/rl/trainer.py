@@ -396,6 +396,28 @@ def round_metrics(groups: list[Group], trajectories: list[Trajectory], dropped: 
     }
 
 
+def close_round(cfg: RLConfig, trainer: Trainer, work: Path, m: dict[str, float], t0: float,
+                curve: list[dict[str, float]], curve_path: Path, log_metrics: Callable[[dict[str, float], int], None],
+                before_save: Callable[[], None] | None = None) -> None:
+    """A round's bookkeeping, the same in the synchronous and asynchronous loops: tokens/s, the resumable checkpoint
+    every ``checkpoint_every`` rounds (``before_save`` first), step and other seconds, the curve line, the metrics."""
+    if m.get("train/tokens") and m["time/train_s"] > 0:
+        m["train/tokens_per_s"] = m["train/tokens"] / m["time/train_s"]
+    if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
+        tc = time.perf_counter()
+        if before_save is not None:
+            before_save()
+        save_atomic(trainer.state_dict(), work / "state.pt")
+        m["time/checkpoint_s"] = time.perf_counter() - tc
+    m["time/step_s"] = time.perf_counter() - t0
+    m["time/other_s"] = m["time/step_s"] - sum(m[k] for k in ("time/rollout_s", "time/reward_s", "time/train_s",
+                                                               "time/sync_s"))
+    curve.append(m)
+    with curve_path.open("a") as f:
+        f.write(json.dumps(m) + "\n")
+    log_metrics({k: v for k, v in m.items() if k != "round"}, int(m["round"]))
+
+
 def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], work: Path,
           log_metrics: Callable[[dict[str, float], int], None] = lambda m, r: None,
           progress: bool = True, judge: Any = None) -> list[dict[str, float]]:
@@ -461,18 +483,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
         if cfg.judge_all:  # E.5: the verifier's success of the episodes the judge rewarded
             ok = [t for g in groups for t in g.trajectories]
             m["rollout/verified_success"] = float(np.mean([t.meta.get("verified", t.success) for t in ok])) if ok else 0.0
-        if um.get("train/tokens") and train_s > 0:
-            m["train/tokens_per_s"] = um["train/tokens"] / train_s
-        if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
-            tc = time.perf_counter()
-            save_atomic(trainer.state_dict(), work / "state.pt")
-            m["time/checkpoint_s"] = time.perf_counter() - tc
-        m["time/step_s"] = time.perf_counter() - t0
-        m["time/other_s"] = m["time/step_s"] - rollout_s - reward_s - train_s - sync_s
-        curve.append(m)
-        with curve_path.open("a") as f:
-            f.write(json.dumps(m) + "\n")
-        log_metrics({k: v for k, v in m.items() if k != "round"}, r)
+        close_round(cfg, trainer, work, m, t0, curve, curve_path, log_metrics)
         bar.set_postfix(sr=f"{m['rollout/success']:.3f}", buf=len(trainer.buffer), refresh=False)
     bar.close()
     return curve
