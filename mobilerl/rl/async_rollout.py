@@ -52,7 +52,14 @@ from mobilerl.agent.runner import episode_seed, run_episode
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.pool import EnvFactory, EnvPool
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import close_round, judge_rewards, make_groups, round_metrics, score_groups
+from mobilerl.rl.trainer import (
+    close_round,
+    judge_rewards,
+    make_groups,
+    open_curve,
+    round_metrics,
+    score_groups,
+)
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
 
@@ -468,11 +475,7 @@ def train_async(cfg: RLConfig, trainer: Any, workers: _Workers, pool: list[TaskS
         log.warning("rl.async without rl.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
     max_staleness = cfg.async_.max_staleness
     s = trainer.settings
-    work.mkdir(parents=True, exist_ok=True)
-    curve_path = work / "curve.jsonl"
-    curve = [json.loads(x) for x in curve_path.read_text().splitlines()] if curve_path.exists() else []
-    curve = [c for c in curve if c["round"] < trainer.round]  # rounds after the restored checkpoint run again
-    curve_path.write_text("".join(json.dumps(c) + "\n" for c in curve))
+    curve_path, curve = open_curve(work, trainer.round)
     draws_path = work / "async.json"
     draw = json.loads(draws_path.read_text())["draws"] if trainer.round and draws_path.exists() else 0
     sched = Scheduler(workers, lambda d: trainer.sample_tasks(pool, d), s.train_batch_size, s.samples_per_task,

@@ -396,6 +396,17 @@ def round_metrics(groups: list[Group], trajectories: list[Trajectory], dropped: 
     }
 
 
+def open_curve(work: Path, start: int) -> tuple[Path, list[dict[str, float]]]:
+    """``work/curve.jsonl`` and its rounds before ``start``, the round a restored checkpoint resumes at (later
+    lines are cut from the file: those rounds run again)."""
+    work.mkdir(parents=True, exist_ok=True)
+    curve_path = work / "curve.jsonl"
+    curve = [json.loads(x) for x in curve_path.read_text().splitlines()] if curve_path.exists() else []
+    curve = [c for c in curve if c["round"] < start]
+    curve_path.write_text("".join(json.dumps(c) + "\n" for c in curve))
+    return curve_path, curve
+
+
 def close_round(cfg: RLConfig, trainer: Trainer, work: Path, m: dict[str, float], t0: float,
                 curve: list[dict[str, float]], curve_path: Path, log_metrics: Callable[[dict[str, float], int], None],
                 before_save: Callable[[], None] | None = None) -> None:
@@ -425,11 +436,7 @@ def train(cfg: RLConfig, trainer: Trainer, workers: Any, pool: list[TaskSpec], w
     included: earlier rounds come from ``work/curve.jsonl``)."""
     from safetensors.torch import save_model
 
-    work.mkdir(parents=True, exist_ok=True)
-    curve_path = work / "curve.jsonl"
-    curve = [json.loads(x) for x in curve_path.read_text().splitlines()] if curve_path.exists() else []
-    curve = [c for c in curve if c["round"] < trainer.round]  # rounds after the restored checkpoint run again
-    curve_path.write_text("".join(json.dumps(c) + "\n" for c in curve))
+    curve_path, curve = open_curve(work, trainer.round)
     weights = work / "policy.safetensors"
     s = trainer.settings
     bar = tqdm(range(trainer.round, cfg.rounds), initial=trainer.round, total=cfg.rounds, desc="adagrpo",
