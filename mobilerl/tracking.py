@@ -61,6 +61,13 @@ def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
 
 
+def compare_url(experiment_id: str, run_ids: list[str], base: str = "http://127.0.0.1:5000") -> str:
+    """MLflow's run comparison page for ``run_ids``: their params and metrics in columns, side by side."""
+    from urllib.parse import quote
+
+    return f"{base}/#/compare-runs?runs={quote(json.dumps(run_ids))}&experiments={quote(json.dumps([experiment_id]))}"
+
+
 def git_sha() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)

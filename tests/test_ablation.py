@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,9 @@ def test_flow_runs_cells_once_logs_nested_runs_and_survives_a_failed_cell(tmp_pa
     assert len(calls()) == 7  # every finished cell skipped
     assert [c["status"] for c in again["cells"]] == ["done earlier"] * 4
     assert again["mlflow_ui"].endswith("/runs?workflowType=machine_learning&compareRunsMode=CHART")
+    ids = [c["mlflow_run_id"] for c in again["cells"]]
+    assert len(set(ids)) == 4 and all(urllib.parse.quote(i) in again["mlflow_compare"] for i in ids)
+    assert "/#/compare-runs?runs=" in again["mlflow_compare"]
     assert json.loads((cell_dir("full", 0, cells) / "cell.json").read_text())["rl"]["work"] == str(
         cell_dir("full", 0, cells) / "work")
 
