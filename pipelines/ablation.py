@@ -2,7 +2,8 @@
 
 Each cell (variant × seed, ``configs/ablation.yaml``) runs in its own process, ``python -m mobilerl.rl.ablation
 <cell dir>``: the `rl` stage's code with the variant's overrides, training in ``experiments/ablation/<variant>/
-seed<k>/`` (its own ``work``/``out``), then the greedy evaluation (:mod:`mobilerl.rl.ablation`). The flow is
+seed<k>/`` (its own ``work``/``out``), then the greedy evaluation (:mod:`mobilerl.rl.ablation`); the reference
+cell ``init/seed0`` evaluates the RL init the same way, untrained (what the variants add to it). The flow is
 resumable: a cell whose ``result.json`` matches its config is skipped, a killed one resumes from its last rl
 checkpoint, and a failed cell leaves the others' results in place (the flow fails at the end, naming it).
 
@@ -31,7 +32,7 @@ from prefect import flow, get_run_logger, task
 from mobilerl import tracking
 from mobilerl.config import PARAMS, write_json
 from mobilerl.eval.ablation import aggregate, read_cells
-from mobilerl.rl.ablation import CELLS, TABLE, cell_dir, cell_spec, is_done, load_table
+from mobilerl.rl.ablation import CELLS, INIT, TABLE, cell_dir, cell_spec, is_done, load_table
 from pipelines.flow import OFFLINE_ENV, ROOT
 
 CELL_CMD = [sys.executable, "-m", "mobilerl.rl.ablation"]  # + the cell's folder
@@ -66,7 +67,7 @@ def log_cell(spec: dict[str, Any], where: Path, result: dict[str, Any] | None, p
     if result:
         metrics = {**result["eval_summary"], "eval/steps_success": result["eval"]["steps_success"],
                    "time/cell_s": result["time"]["total_s"]}
-    params = {**spec["overrides"], "seed": spec["seed"], "rounds": spec["rl"]["rounds"],
+    params = {**spec["overrides"], "seed": spec["seed"], "rounds": spec["rl"]["rounds"] if spec.get("train", True) else 0,
               "eval_per_template": spec["eval"]["per_template"]}
     tags = {"variant": spec["variant"], "seed": str(spec["seed"]), "mobilerl.stage": "ablation",
             "mobilerl.cell": str(where.relative_to(ROOT) if where.is_relative_to(ROOT) else where)}
@@ -85,9 +86,10 @@ def ablation(variants: list[str] | None = None, seeds: list[int] | None = None, 
     names = list(table.default if variants is None else variants)
     seeds = [0, 1, 2] if seeds is None else list(seeds)
     base = (yaml.safe_load(PARAMS.read_text()) or {}).get("rl") or {}
-    # every cell's config is validated before the first one runs: a typo must not surface after an hour
+    # every cell's config is validated before the first one runs: a typo must not surface after an hour; the
+    # reference cell (the RL init, greedy evaluation only: one seed) first
     cells = [(cell_spec(table, v, s, base, ROOT, CELLS, rounds, eval_per_template), cell_dir(v, s, CELLS))
-             for v in names for s in seeds]
+             for v, ss in [(INIT, [0]), *((v, seeds) for v in names)] for s in ss]
     plan = [{"variant": sp["variant"], "seed": sp["seed"], "done": is_done(sp, w)} for sp, w in cells]
     log.info("%d cell(s), %d done: %s", len(plan), sum(p["done"] for p in plan),
              ", ".join(f"{p['variant']}/seed{p['seed']}{' (done)' if p['done'] else ''}" for p in plan))
@@ -116,7 +118,7 @@ def ablation(variants: list[str] | None = None, seeds: list[int] | None = None, 
             statuses.append({"variant": spec["variant"], "seed": spec["seed"], "status": status,
                              "success_rate": result["eval"]["success_rate"] if result else None,
                              "mlflow_run_id": run_id})
-        summary = aggregate(read_cells(CELLS), list(table.variants))
+        summary = aggregate(read_cells(CELLS), [INIT, *table.variants])
         write_json(CELLS / "summary.json", summary)
         import mlflow
 

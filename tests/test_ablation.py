@@ -15,6 +15,7 @@ import yaml
 
 from mobilerl.eval import ablation as agg
 from mobilerl.rl.ablation import (
+    INIT,
     AblationTable,
     cell_dir,
     cell_spec,
@@ -70,12 +71,39 @@ def test_a_cell_layers_params_budget_variant_seed_and_names_bad_input(tmp_path):
         cell_spec(table, "bad", 0, BASE_RL)
     with pytest.raises(ValueError, match="default: unknown variant"):
         AblationTable(default=["x"], variants={"full": {}})
+    with pytest.raises(ValueError, match="'init' is the reference cell"):
+        AblationTable(default=["full"], variants={"full": {}, "init": {}})
+    ref = cell_spec(table, INIT, 0, BASE_RL, tmp_path, tmp_path / "cells")  # the RL init, untrained
+    assert not ref["train"] and ref["overrides"] == {} and spec["train"]
+    assert ref["rl"]["rounds"] == 7 and ref["rl"]["work"] == "cells/init/seed0/work"
     where = tmp_path / "cells" / "lr" / "seed3"
     where.mkdir(parents=True)
     assert not is_done(spec, where)
     (where / "result.json").write_text(json.dumps({"fingerprint": fingerprint(spec)}))
     assert is_done(spec, where) and not is_done(cell_spec(table, "lr", 3, BASE_RL, tmp_path, tmp_path / "cells",
                                                           rounds=2), where)
+
+
+@pytest.mark.slow
+def test_the_reference_cell_evaluates_the_init_without_training(tmp_path):
+    """`init`: the cell skips training and runs the RL init greedy on the cell's test tasks."""
+    from rl_tasks import short_tasks, stage_root
+
+    from mobilerl.rl.ablation import run_cell
+
+    root = stage_root(tmp_path, short_tasks(2), [3, 3])
+    table = AblationTable(cell={"rounds": 2}, default=["full"], variants={"full": {}})
+    init = str(ROOT / "models" / "tiny-base")
+    base = {"init": init, "templates_max_steps": None, "overrides": {"max_new_tokens": 8}}
+    spec = cell_spec(table, INIT, 0, base, root, root / "cells", eval_per_template=1)
+    spec["eval"]["processes"] = 1
+    where = cell_dir(INIT, 0, root / "cells")
+    where.mkdir(parents=True)
+    result = run_cell(spec, where, root)
+    assert result["rounds"] == 0 and result["curve"] == [] and result["init"] == init and is_done(spec, where)
+    assert not (where / "work").exists() and not (where / "policy").exists()  # nothing trained, nothing written
+    assert sorted(e["task_id"] for e in result["episodes"]) == sorted(t.task_id for t in short_tasks(2))
+    assert len((where / "eval.jsonl").read_text().splitlines()) == result["eval"]["n_tasks"] == 2
 
 
 # -------------------------------------------------------------------------------------------------- E.5
@@ -213,8 +241,11 @@ def test_report_section_table_figures_goal_and_the_empty_case(tmp_path):
     results += [fake_result("bepa", s, 0.35, overrides={"bepa": True}) for s in (0, 1, 2)]
     results += [fake_result(v, 0, 0.1, overrides={"test_half": 0, **extra}, judged=bool(extra))
                 for v, extra in (("e5_verifier", {}), ("e5_reward_model", {"judge_all": True}))]
-    summary = agg.aggregate(results, ["full", "no_adapr", "no_spa", "bepa"])
+    results += [{**fake_result("init", 0, 0.4, rounds=0), "init": "data/checkpoints/sft"}]  # ahead, but no peer
+    summary = agg.aggregate(results, ["init", "full", "no_adapr", "no_spa", "bepa"])
     md, metrics = build_report({}, ReportConfig(), tmp_path, ablation=summary)
+    assert "| init | no RL: the init `data/checkpoints/sft` | 1 | 40.0 | +8.0 | 4.00 | 0 |" in md
+    assert "Each variant × seed trains 4 rounds" in md and summary["variants"]["init"]["curve"] == []
     assert "| full | AdaGRPO as the `rl` stage | 3 | 32.0 [27.0, 37.0] | – | 4.00 | 4 |" in md
     assert "| no_adapr | `adapr: false` | 3 | 12.0 [7.0, 17.0] | -20.0 |" in md
     assert "1 of 2 (no_adapr)" in md  # no_spa is 2 points behind but its interval overlaps full's
@@ -237,7 +268,7 @@ where = Path(sys.argv[1])
 spec = json.loads((where / "cell.json").read_text())
 with open(where.parents[1] / "calls.txt", "a") as f:
     f.write(f"{spec['variant']}/{spec['seed']}\\n")
-rounds = spec["rl"]["rounds"]
+rounds = spec["rl"]["rounds"] if spec["train"] else 0
 rate = {"full": 0.4, "no_spa": 0.2}.get(spec["variant"], 0.1) + 0.01 * spec["seed"]
 (where / "work").mkdir(exist_ok=True)
 curve = [{"round": r, "rollout/success": rate * r / rounds, "loss/policy": 0.5} for r in range(rounds)]
@@ -282,19 +313,20 @@ def test_flow_runs_cells_once_logs_nested_runs_and_survives_a_failed_cell(tmp_pa
 
     with pytest.raises(RuntimeError, match=r"1 cell\(s\) failed: no_fcf/seed1"):
         flow_mod.ablation(variants=["full", "no_spa", "no_fcf"], seeds=[0, 1], rounds=3, report=False)
-    assert sorted(calls()) == sorted(["full/0", "full/1", "no_spa/0", "no_spa/1", "no_fcf/0", "no_fcf/1",
-                                      "no_fcf/1"])  # the failed cell was retried once
+    assert sorted(calls()) == sorted(["init/0", "full/0", "full/1", "no_spa/0", "no_spa/1", "no_fcf/0", "no_fcf/1",
+                                      "no_fcf/1"])  # the reference cell first; the failed cell was retried once
     summary = json.loads((cells / "summary.json").read_text())
     assert summary["variants"]["full"]["seeds"] == [0, 1] and summary["variants"]["no_fcf"]["seeds"] == [0]
     assert summary["variants"]["full"]["success_rate"] == pytest.approx(0.405)
     plan = flow_mod.ablation(variants=["full", "no_fcf"], seeds=[0, 1], rounds=3, dry_run=True)["cells"]
-    assert [p["done"] for p in plan] == [True, True, True, False]
+    assert [p["done"] for p in plan] == [True, True, True, True, False]
     again = flow_mod.ablation(variants=["full", "no_spa"], seeds=[0, 1], rounds=3, report=False)
-    assert len(calls()) == 7  # every finished cell skipped
-    assert [c["status"] for c in again["cells"]] == ["done earlier"] * 4
+    assert len(calls()) == 8  # every finished cell skipped
+    assert [c["status"] for c in again["cells"]] == ["done earlier"] * 5
+    assert json.loads((cells / "summary.json").read_text())["variants"]["init"]["rounds"] == 0
     assert again["mlflow_ui"].endswith("/runs?workflowType=machine_learning&compareRunsMode=CHART")
     ids = [c["mlflow_run_id"] for c in again["cells"]]
-    assert len(set(ids)) == 4 and all(urllib.parse.quote(i) in again["mlflow_compare"] for i in ids)
+    assert len(set(ids)) == 5 and all(urllib.parse.quote(i) in again["mlflow_compare"] for i in ids)
     assert "/#/compare-runs?runs=" in again["mlflow_compare"]
     assert json.loads((cell_dir("full", 0, cells) / "cell.json").read_text())["rl"]["work"] == str(
         cell_dir("full", 0, cells) / "work")
@@ -304,6 +336,9 @@ def test_flow_runs_cells_once_logs_nested_runs_and_survives_a_failed_cell(tmp_pa
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = mlflow.search_runs(experiment_names=["mobilerl"], output_format="list")
     nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == again["mlflow_parent_run_id"]]
+    ref = next(r for r in nested if r.info.run_name == "init/seed0")
+    assert ref.data.params["rounds"] == "0" and "eval/success_rate" in ref.data.metrics
+    nested = [r for r in nested if r is not ref]
     assert sorted(r.info.run_name for r in nested) == ["full/seed0", "full/seed1", "no_spa/seed0", "no_spa/seed1"]
     assert {(r.data.tags["variant"], r.data.tags["seed"]) for r in nested} == {
         ("full", "0"), ("full", "1"), ("no_spa", "0"), ("no_spa", "1")}

@@ -400,19 +400,13 @@ def test_a_server_killed_mid_run_is_marked_down_its_episodes_replayed_and_a_rest
 def test_rl_stage_runs_on_env_servers_and_logs_per_server_figures(tmp_path, monkeypatch):
     """`rl.env_servers`: the stage's rollout workers run their episodes on the servers; a server stopped after
     round 0 is marked down in round 1, which runs on the other; MLflow's callback gets envs/<server>/... a round."""
-    import dataclasses
+    from rl_tasks import short_tasks, stage_root
 
     from mobilerl.env.server import backend_factory
-    from mobilerl.env.sim.tasks import list_tasks
     from mobilerl.rl.config import RLConfig
     from mobilerl.rl.trainer import run as run_stage
 
-    lists = tmp_path / "data" / "tasks" / "suites"
-    lists.mkdir(parents=True)
-    train = [dataclasses.replace(t, complexity=0.3) for t in list_tasks("world", "train", n=1)[:2]]
-    test = [dataclasses.replace(t, split="test", optimal_steps=3) for t in train]
-    for split, tasks in (("train", train), ("test", test)):
-        (lists / f"world_{split}.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
+    stage_root(tmp_path, short_tasks(2), [3, 3])
     monkeypatch.setenv("MOBILERL_ENV_TOKEN", TOKEN)
     with servers(2, 2, factory=backend_factory("sim")) as (a, b):
         cfg = RLConfig(init=str(BASE), out="out", work="work", rounds=2, checkpoint_every=1, rollout_processes=1, max_batch=1, env_servers=[a.url, b.url],

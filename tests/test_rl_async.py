@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_tasks import short_tasks, stage_root
 
 from mobilerl.agent.policy import PolicyOutput
 from mobilerl.env.actions import FINISH, TAP, Action, format_action
@@ -308,11 +309,7 @@ def test_the_stage_runs_async_through_spawned_workers_with_the_tiny_model(tmp_pa
     import subprocess
     import sys
 
-    lists = tmp_path / "data" / "tasks" / "suites"
-    lists.mkdir(parents=True)
-    (lists / "world_train.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in sim_tasks()))
-    (lists / "world_test.jsonl").write_text("".join(
-        json.dumps(dataclasses.replace(t, split="test").to_dict()) + "\n" for t in sim_tasks()))
+    stage_root(tmp_path, short_tasks(3))
     cfg = {"init": str(BASE), "out": "out", "work": "work", "rounds": 3, "checkpoint_every": 2,
            "rollout_processes": 2, "rollout_concurrency": 2, "max_batch": 2, "tis_cap": 2.0,
            "async": {"max_staleness": 1},
@@ -326,12 +323,6 @@ def test_the_stage_runs_async_through_spawned_workers_with_the_tiny_model(tmp_pa
     assert sum(c["async/worker_loads"] for c in curve) >= 2  # each process loaded a published version
     assert (tmp_path / "out" / "model.safetensors").exists()
     assert not list((tmp_path / "work").glob("policy.v*"))
-
-
-def sim_tasks() -> list[TaskSpec]:
-    from mobilerl.env.sim.tasks import list_tasks
-
-    return [dataclasses.replace(t, complexity=0.3) for t in list_tasks("world", "train", n=1)][:3]
 
 
 @pytest.mark.slow
@@ -364,7 +355,7 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
                       "max_new_tokens": 12}})
     backend = HFBackend.from_pretrained(BASE, device="cpu", fast_prefill=False, prefix_cache_tokens=0)
     trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt)
-    pool = [dataclasses.replace(t, has_verifier=False) for t in sim_tasks()]
+    pool = [dataclasses.replace(t, has_verifier=False) for t in short_tasks(3)]
     with ThreadWorkers(engine, lambda: InlineEnv(SimEnv(render=False)), workers=2, slots=2) as w:
         curve = train_async(cfg, trainer, w, pool, tmp_path, progress=False, judge=Judge())
     assert all(c["train/rows"] > 0 for c in curve) and sum(c["async/worker_loads"] for c in curve) >= 2

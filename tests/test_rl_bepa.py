@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_tasks import short_tasks
 
 from mobilerl.agent.model_policy import ModelPolicy
-from mobilerl.env.sim.tasks import list_tasks
 from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.generation import SamplingConfig
 from mobilerl.models.hf_backend import HFBackend
@@ -25,11 +25,6 @@ from mobilerl.trajectory import StepRecord, Trajectory
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
 FMT = PromptFormat(obs_mode="xml", prompt_style="compact", max_history=4, coords="marks")
-
-
-def short_tasks(n: int = 2, max_steps: int = 3):
-    tasks = [t for t in list_tasks("world", "train", n=1)][:n]
-    return [dataclasses.replace(t, complexity=max_steps / 10) for t in tasks]  # budget 10 x complexity
 
 
 def traj(task: str, success: bool, trial: int = 0, instruction: str = "do it", steps: int = 0) -> Trajectory:

@@ -3,18 +3,17 @@ the per-task counts through the episode runner and the trainer, and the resume s
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from pathlib import Path
 
 import pytest
 import torch
+from rl_tasks import short_tasks
 
 from mobilerl.agent import RandomPolicy
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.fake import CounterEnv
-from mobilerl.env.sim.tasks import list_tasks
 from mobilerl.eval.runner import evaluate_sync
 from mobilerl.rl.dart import (
     DartCurator,
@@ -29,11 +28,6 @@ from mobilerl.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
-
-
-def short_tasks(n: int = 2, max_steps: int = 3) -> list[TaskSpec]:
-    tasks = list_tasks("world", "train", n=1)[:n]
-    return [dataclasses.replace(t, complexity=max_steps / 10) for t in tasks]
 
 
 # ------------------------------------------------------------------------------------- rollout counts

@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from rl_tasks import short_tasks, stage_root
 
 from mobilerl.agent.model_policy import ModelPolicy
-from mobilerl.env.sim.tasks import list_tasks
 from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.generation import SamplingConfig
 from mobilerl.models.hf_backend import HFBackend
@@ -37,11 +37,6 @@ from mobilerl.trajectory import Trajectory
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
 FMT = PromptFormat(obs_mode="xml", prompt_style="compact", max_history=4, coords="marks")
-
-
-def short_tasks(n: int = 2, max_steps: int = 3):
-    tasks = [t for t in list_tasks("world", "train", n=1)][:n]
-    return [dataclasses.replace(t, complexity=max_steps / 10) for t in tasks]  # budget 10 x complexity
 
 
 class Recording:
@@ -207,13 +202,7 @@ run(cfg, Path(sys.argv[2]), progress=False)
 def _stage_root(tmp: Path) -> Path:
     """A repo root with task lists: four short world/train tasks, and a test task of each of their templates
     needing 3, 4, 5 and 6 optimal steps."""
-    lists = tmp / "data" / "tasks" / "suites"
-    lists.mkdir(parents=True)
-    train = short_tasks(4)
-    test = [dataclasses.replace(t, split="test", optimal_steps=3 + i) for i, t in enumerate(train)]
-    for split, tasks in (("train", train), ("test", test)):
-        (lists / f"world_{split}.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
-    return tmp
+    return stage_root(tmp, short_tasks(4), [3, 4, 5, 6])
 
 
 @pytest.mark.slow

@@ -107,6 +107,7 @@ def aggregate(results: list[dict], order: list[str] | None = None) -> dict[str, 
             "steps_success": sum(steps) / len(steps) if steps else None,
             "n_tasks": latest["eval"]["n_tasks"], "suite": latest.get("suite", "world"), "rounds": latest["rounds"],
             "overrides": latest["overrides"], "e5": "test_half" in latest["overrides"],
+            "reference": latest.get("init"),  # the untrained RL init's path: the reference row, no curve
             "curve_key": key, "curve": [sum(c["curve"][i][key] for c in cells) / len(cells) for i in range(rounds)],
             "minutes_per_cell": sum(c["time"]["total_s"] for c in cells) / len(cells) / 60,
         }
@@ -154,7 +155,7 @@ def goal(summary: dict) -> list[str]:
         return []
     full = vs["full"]
     ablations = [v for v in vs if v.startswith("no_")]
-    peers = [v for v in vs if v != "full" and not v.startswith("no_") and not vs[v]["e5"]]
+    peers = [v for v in vs if v != "full" and not v.startswith("no_") and not vs[v]["e5"] and not vs[v].get("reference")]
 
     def clear(v: str) -> bool:
         x = vs[v]
@@ -183,19 +184,19 @@ def section(summary: dict | None, figures: dict[str, str]) -> list[str]:
                 "\"Ablations\").", ""]
     main = {v: x for v, x in vs.items() if not x["e5"]}
     if main:
-        x0 = next(iter(main.values()))
+        x0 = next((x for x in main.values() if not x.get("reference")), next(iter(main.values())))
         lines += [f"Each variant × seed trains {x0['rounds']} rounds with the `rl` stage's code and its overrides, "
                   f"then runs greedy on {x0['n_tasks']} {x0['suite']}/test tasks of the pool's templates (Table "
-                  "4c). Success in %, mean over seeds with its 95 % Student-t interval over the seeds; Δ in points "
-                  "against full.", "",
+                  "4c); `init` is the RL init on the same tasks, untrained. Success in %, mean over seeds with its "
+                  "95 % Student-t interval over the seeds; Δ in points against full.", "",
                   "| variant | changes | seeds | success [95 % CI] | Δ vs full | steps on successes | rounds |",
                   "|---|---|---|---|---|---|---|"]
         full = vs.get("full")
         for v, x in main.items():
             delta = "–" if full is None or v == "full" else f"{100 * (x['success_rate'] - full['success_rate']):+.1f}"
             steps = "–" if x["steps_success"] is None else f"{x['steps_success']:.2f}"
-            lines.append(f"| {v} | {_change(x['overrides'])} | {len(x['seeds'])} | {_ci(x)} | {delta} | {steps} | "
-                         f"{x['rounds']} |")
+            change = f"no RL: the init `{x['reference']}`" if x.get("reference") else _change(x["overrides"])
+            lines.append(f"| {v} | {change} | {len(x['seeds'])} | {_ci(x)} | {delta} | {steps} | {x['rounds']} |")
         met = goal(summary)
         lines += ["", *met, ""] if met else [""]
     if figures.get("curves"):
@@ -241,7 +242,7 @@ def plot(summary: dict | None, outdir: Path) -> dict[str, str]:
 
     outdir.mkdir(parents=True, exist_ok=True)
     out: dict[str, str] = {}
-    for kind, group in (("curves", {v: x for v, x in vs.items() if not x["e5"]}),
+    for kind, group in (("curves", {v: x for v, x in vs.items() if not x["e5"] and x["curve"]}),
                         ("e5", {v: x for v, x in vs.items() if x["e5"]})):
         if not group:
             continue

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TABLE = ROOT / "configs" / "ablation.yaml"
 CELLS = ROOT / "experiments" / "ablation"
+INIT = "init"  # the reference cell: the RL init evaluated as the cells are, without training
 # Variant fields that other branches add to RLConfig (peer options: BEPA and dynamic sampling, DART and DistRL;
 # the truncated-IS cap of the asynchronous trainer). A variant naming one fails before any cell runs until then.
 
@@ -62,6 +63,8 @@ class AblationTable(StageConfig):
         unknown = [v for v in self.default if v not in self.variants]
         if unknown:
             raise ValueError(f"default: unknown variant(s) {unknown}")
+        if INIT in self.variants:
+            raise ValueError(f"variants: {INIT!r} is the reference cell (the RL init, untrained), not a variant")
         if "full" not in self.variants:
             raise ValueError("variants: needs 'full', the reference every ablation is compared with")
         return self
@@ -94,13 +97,15 @@ def cell_spec(table: AblationTable, variant: str, seed: int, base_rl: dict[str, 
               cells: Path = CELLS, rounds: int | None = None, eval_per_template: int | None = None) -> dict[str, Any]:
     """The full config of one cell (what ``cell.json`` holds): the RLConfig (params.yaml's ``rl:`` ← the table's
     ``cell:`` ← the variant ← seed, ``rounds``, the cell's own ``work``/``out``) and the evaluation, validated;
-    errors name the variant and the key."""
-    if variant not in table.variants:
+    errors name the variant and the key. Variant :data:`INIT` is the reference cell: no training (``train``
+    false), its evaluation runs ``rl.init``."""
+    if variant not in table.variants and variant != INIT:
         raise ValueError(f"unknown variant {variant!r} (configs/ablation.yaml has {', '.join(table.variants)})")
+    overrides = table.variants.get(variant, {})
     where = cell_dir(variant, seed, cells)
     rel = where.relative_to(root).as_posix() if where.is_relative_to(root) else str(where)
     own = {"seed": seed, "work": f"{rel}/work", "out": f"{rel}/policy", **({"rounds": rounds} if rounds else {})}
-    d = merged(base_rl, table.cell, table.variants[variant], own)
+    d = merged(base_rl, table.cell, overrides, own)
     known = {f.alias or k for k, f in RLConfig.model_fields.items()} | set(RLConfig.model_fields)
     missing = sorted(set(d) - known)
     if missing:
@@ -115,8 +120,8 @@ def cell_spec(table: AblationTable, variant: str, seed: int, base_rl: dict[str, 
         raise ValueError(f"configs/ablation.yaml: variant {variant!r}: {e}") from None
     ev = table.eval.model_copy(update={"per_template": eval_per_template} if eval_per_template else {})
     # the fingerprint reads the fields set away from their defaults, so a new option (off) keeps finished cells
-    return {"variant": variant, "seed": seed, "overrides": table.variants[variant], "rl": cfg.model_dump(),
-            "rl_set": cfg.model_dump(exclude_defaults=True), "eval": ev.model_dump()}
+    return {"variant": variant, "seed": seed, "overrides": overrides, "train": variant != INIT,
+            "rl": cfg.model_dump(), "rl_set": cfg.model_dump(exclude_defaults=True), "eval": ev.model_dump()}
 
 
 def fingerprint(spec: dict[str, Any]) -> str:
@@ -171,8 +176,8 @@ def evaluate_policy(name: str, cfg: RLConfig, tasks: list[TaskSpec], processes: 
 
 
 def run_cell(spec: dict[str, Any], where: Path, root: Path = ROOT) -> dict[str, Any]:
-    """Train (resuming from ``where/work`` when it holds a checkpoint of this config) and evaluate one cell;
-    writes and returns ``where/result.json``."""
+    """Train (resuming from ``where/work`` when it holds a checkpoint of this config) and evaluate one cell (the
+    reference cell: evaluate ``rl.init``); writes and returns ``where/result.json``."""
     from mobilerl.eval.metrics import summarize
     from mobilerl.eval.runner import sim_template_texts
     from mobilerl.rl.trainer import run
@@ -184,17 +189,20 @@ def run_cell(spec: dict[str, Any], where: Path, root: Path = ROOT) -> dict[str, 
     def progress(m: dict[str, float], r: int) -> None:
         print(f"{name} round {r}: success {m['rollout/success']:.3f}, {m['time/step_s']:.1f}s", flush=True)
 
-    summary, curve = run(cfg, root, log_metrics=progress, progress=False)
+    train = spec.get("train", True)
+    summary, curve = run(cfg, root, log_metrics=progress, progress=False) if train else ({}, [])
     rl_s = time.perf_counter() - t0
     tasks = eval_tasks(cfg, spec["eval"]["per_template"], root)
     t1 = time.perf_counter()
-    trajs = evaluate_policy(name, cfg, tasks, spec["eval"]["processes"], root, where / "eval.jsonl")
+    policy_cfg = cfg if train else cfg.model_copy(update={"out": cfg.init})
+    trajs = evaluate_policy(name, policy_cfg, tasks, spec["eval"]["processes"], root, where / "eval.jsonl")
     eval_s = time.perf_counter() - t1
     s = summarize(trajs, template_texts=sim_template_texts(tasks))
     ok = [t for t in trajs if t.success]
     result = {
         "variant": spec["variant"], "seed": spec["seed"], "fingerprint": fingerprint(spec),
-        "overrides": spec["overrides"], "rounds": cfg.rounds, "suite": cfg.suite, "rl": summary, "curve": curve,
+        "overrides": spec["overrides"], "rounds": cfg.rounds if train else 0, "suite": cfg.suite,
+        "init": None if train else cfg.init, "rl": summary, "curve": curve,
         "eval": {"success_rate": s["eval/success_rate"], "n_tasks": len(tasks), "n_errors": s["eval/n_errors"],
                  "steps_success": sum(t.n_steps for t in ok) / len(ok) if ok else None,
                  "mean_steps": s["eval/mean_steps"]},
