@@ -55,10 +55,14 @@ def setup() -> str:
     return exp.experiment_id
 
 
-def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
-    """The experiment's runs, as charts, in the MLflow UI (``make ui``), on its Model training side: MLflow 3.17's
-    UI opens an experiment on the GenAI overview unless the browser's switch (top left) or the link says so."""
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
+def ui_url(experiment_id: str, search: str | None = None, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's runs (those matching ``search``, MLflow's filter syntax), as charts, in the MLflow UI (``make
+    ui``), on its Model training side: MLflow 3.17's UI opens an experiment on the GenAI overview unless the
+    browser's switch (top left) or the link says so."""
+    from urllib.parse import quote
+
+    url = f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
+    return url + (f"&searchFilter={quote(search)}" if search else "")
 
 
 def compare_url(experiment_id: str, run_ids: list[str], base: str = "http://127.0.0.1:5000") -> str:

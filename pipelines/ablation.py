@@ -124,7 +124,7 @@ def ablation(variants: list[str] | None = None, seeds: list[int] | None = None, 
 
         mlflow.log_artifact(str(CELLS / "summary.json"))
         out = {"cells": statuses, "summary": str(CELLS / "summary.json"), "mlflow_parent_run_id": parent.info.run_id,
-               "mlflow_ui": tracking.ui_url(parent.info.experiment_id),
+               "mlflow_ui": tracking.ui_url(parent.info.experiment_id, "tags.`mobilerl.stage` = 'ablation'"),
                "mlflow_compare": tracking.compare_url(parent.info.experiment_id, [s["mlflow_run_id"] for s in statuses]),
                "report": None}
         if report:  # DVC re-runs the report stage: summary.json is one of its deps
@@ -138,8 +138,8 @@ def ablation(variants: list[str] | None = None, seeds: list[int] | None = None, 
     for s in statuses:
         log.info("%-18s seed %d  %-12s %s", s["variant"], s["seed"], s["status"],
                  "–" if s["success_rate"] is None else f"{s['success_rate']:.3f}")
-    log.info("MLflow (make ui): %s — expand the parent run 'ablation' to overlay its cells; the cells side by "
-             "side: %s", out["mlflow_ui"], out["mlflow_compare"])
+    log.info("MLflow (make ui): %s — Group by: variant overlays the variants (seeds' mean and range); the cells "
+             "side by side: %s", out["mlflow_ui"], out["mlflow_compare"])
     if failed:
         raise RuntimeError(f"{len(failed)} cell(s) failed: {', '.join(failed)}; the others' results are in "
                            f"{CELLS}; rerun to retry them (finished cells are skipped)")
