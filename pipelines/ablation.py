@@ -124,7 +124,8 @@ def ablation(variants: list[str] | None = None, seeds: list[int] | None = None, 
 
         mlflow.log_artifact(str(CELLS / "summary.json"))
         out = {"cells": statuses, "summary": str(CELLS / "summary.json"), "mlflow_parent_run_id": parent.info.run_id,
-               "mlflow_ui": tracking.ui_url(parent.info.experiment_id, "tags.`mobilerl.stage` = 'ablation'"),
+               "mlflow_ui": tracking.ui_url(parent.info.experiment_id,  # this flow run's cells only
+                                            f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"),
                "mlflow_compare": tracking.compare_url(parent.info.experiment_id, [s["mlflow_run_id"] for s in statuses]),
                "report": None}
         if report:  # DVC re-runs the report stage: summary.json is one of its deps

@@ -324,7 +324,8 @@ def test_flow_runs_cells_once_logs_nested_runs_and_survives_a_failed_cell(tmp_pa
     assert len(calls()) == 8  # every finished cell skipped
     assert [c["status"] for c in again["cells"]] == ["done earlier"] * 5
     assert json.loads((cells / "summary.json").read_text())["variants"]["init"]["rounds"] == 0
-    assert "/runs?workflowType=machine_learning&compareRunsMode=CHART&searchFilter=tags." in again["mlflow_ui"]
+    assert again["mlflow_ui"].endswith("/runs?workflowType=machine_learning&compareRunsMode=CHART&searchFilter=" +
+                                       urllib.parse.quote(f"tags.`mlflow.parentRunId` = '{again['mlflow_parent_run_id']}'"))
     ids = [c["mlflow_run_id"] for c in again["cells"]]
     assert len(set(ids)) == 5 and all(urllib.parse.quote(i) in again["mlflow_compare"] for i in ids)
     assert "/#/compare-runs?runs=" in again["mlflow_compare"]
