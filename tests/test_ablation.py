@@ -246,6 +246,12 @@ def test_report_section_table_figures_goal_and_the_empty_case(tmp_path):
     md, metrics = build_report({}, ReportConfig(), tmp_path, ablation=summary)
     assert "| init | no RL: the init `data/checkpoints/sft` | 1 | 40.0 | +8.0 | 4.00 | 0 |" in md
     assert "Each variant × seed trains 4 rounds" in md and summary["variants"]["init"]["curve"] == []
+    rows = [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| ") and " | 15 |" not in line]
+    stored = json.loads(json.dumps(summary, sort_keys=True))  # as summary.json holds it: keys sorted
+    md_stored = build_report({}, ReportConfig(), tmp_path, ablation=stored)[0]
+    order = ["| init", "| full", "| no_adapr", "| no_spa", "| bepa"]
+    assert [r for r in rows if r in order] == order
+    assert [x.split(" | ")[0] for x in md_stored.splitlines() if x.split(" | ")[0] in order] == order
     assert "| full | AdaGRPO as the `rl` stage | 3 | 32.0 [27.0, 37.0] | – | 4.00 | 4 |" in md
     assert "| no_adapr | `adapr: false` | 3 | 12.0 [7.0, 17.0] | -20.0 |" in md
     assert "1 of 2 (no_adapr)" in md  # no_spa is 2 points behind but its interval overlaps full's

@@ -114,10 +114,18 @@ def aggregate(results: list[dict], order: list[str] | None = None) -> dict[str, 
         if key != "rollout/success":  # the judge's verdicts too, beside the verifier's
             variants[v]["curve_judged"] = [sum(c["curve"][i]["rollout/success"] for c in cells) / len(cells)
                                            for i in range(rounds)]
-    out: dict[str, Any] = {"variants": variants, "cells": sum(len(v) for v in kept.values())}
+    # the table's order (write_json sorts keys, so the dict alone would come back alphabetical)
+    out: dict[str, Any] = {"variants": variants, "order": names, "cells": sum(len(v) for v in kept.values())}
     if "full" in kept and "no_spa" in kept:
         out["spa_win_rate"] = spa_win_rate(kept["full"], kept["no_spa"])
     return out
+
+
+def ordered(summary: dict | None) -> dict[str, Any]:
+    """The summary's variants in the order the study lists them (``order``), the rest after."""
+    vs = (summary or {}).get("variants") or {}
+    order = [v for v in (summary or {}).get("order", []) if v in vs]
+    return {v: vs[v] for v in [*order, *(v for v in vs if v not in order)]}
 
 
 def _budget(cell: dict) -> tuple:
@@ -177,7 +185,7 @@ def section(summary: dict | None, figures: dict[str, str]) -> list[str]:
     """The report's ablation section: Table 4c, the Figure 4b curves, the Figure 6 win rate and the E.5 pair
     (``figures``: kind -> file name in ``reports/figures``); a note when no cell has finished yet."""
     lines = ["## AdaGRPO ablations (deployment `mobilerl/ablation`)", ""]
-    vs = (summary or {}).get("variants") or {}
+    vs = ordered(summary)
     if not vs:
         return [*lines, "No ablation results yet: `prefect deployment run mobilerl/ablation` (or `python -m "
                 "pipelines.ablation`) runs them into `experiments/ablation/`, then this report (docs/rl.md, "
@@ -232,7 +240,7 @@ def section(summary: dict | None, figures: dict[str, str]) -> list[str]:
 def plot(summary: dict | None, outdir: Path) -> dict[str, str]:
     """The section's figures: ``ablation_curves.png`` (Figure 4b), ``ablation_spa_win_rate.png`` (Figure 6),
     ``ablation_e5.png`` (Figure 15); returns kind -> file name."""
-    vs = (summary or {}).get("variants") or {}
+    vs = ordered(summary)
     if not vs:
         return {}
     import matplotlib
