@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "mobilerl"
@@ -59,16 +60,12 @@ def ui_url(experiment_id: str, search: str | None = None, base: str = "http://12
     """The experiment's runs (those matching ``search``, MLflow's filter syntax), as charts, in the MLflow UI (``make
     ui``), on its Model training side: MLflow 3.17's UI opens an experiment on the GenAI overview unless the
     browser's switch (top left) or the link says so."""
-    from urllib.parse import quote
-
     url = f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
     return url + (f"&searchFilter={quote(search)}" if search else "")
 
 
 def compare_url(experiment_id: str, run_ids: list[str], base: str = "http://127.0.0.1:5000") -> str:
     """MLflow's run comparison page for ``run_ids``: their params and metrics in columns, side by side."""
-    from urllib.parse import quote
-
     return f"{base}/#/compare-runs?runs={quote(json.dumps(run_ids))}&experiments={quote(json.dumps([experiment_id]))}"
 
 
