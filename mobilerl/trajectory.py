@@ -16,9 +16,15 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, get_args
 
 SCHEMA_VERSION = 1
+
+# Why an episode ended without an answer of its own: cut short by its env or its policy (``error`` holds the
+# message), every response unparseable (parse), or its step budget spent (budget). Consumers decide by kind
+# (the RL round: mobilerl.rl.groups.triage), never by the message's text.
+ErrorKind = Literal["env", "policy", "parse", "budget"]
+ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
 
 def _require(d: dict[str, Any], key: str, what: str) -> Any:
@@ -96,8 +102,9 @@ class Trajectory:
 
     ``seed`` is the policy's seed for this episode; ``task_seed`` the task's (which also seeds the
     simulator's perturbations, so every trial of a task meets the same device). ``subgoals`` is the
-    per-sub-goal state at the end of the episode (empty when the env did not report it). ``error`` is set
-    when the episode was cut short by an env or policy failure (``"env: ..."`` / ``"policy: ..."``).
+    per-sub-goal state at the end of the episode (empty when the env did not report it). ``error_kind`` is
+    set when the episode ended without finishing (:data:`ErrorKind`); ``error`` is the message of an env or
+    policy failure that cut it short (``"env: ..."`` / ``"policy: ..."``, set by :meth:`fail`).
     ``source`` names where the episode comes from (``collected``, ``human``, ``androidcontrol``; empty for
     evaluation rollouts) and ``meta`` holds free-form, JSON-safe metadata (masking counts, origin ids).
     """
@@ -127,6 +134,7 @@ class Trajectory:
     seed: int | None = None
     task_seed: int | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
     wall_time_s: float = 0.0
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -140,6 +148,12 @@ class Trajectory:
     def episode_id(self) -> str:
         """``task_id#trial``: unique within one collection."""
         return f"{self.task_id}#{self.trial}"
+
+    def fail(self, kind: ErrorKind, message: str) -> None:
+        """Record the env or policy failure that cut the episode short."""
+        if kind not in ("env", "policy"):
+            raise ValueError(f"fail() records env/policy failures, not {kind!r}")
+        self.error_kind, self.error = kind, f"{kind}: {message}"
 
     @property
     def n_invalid(self) -> int:
@@ -197,6 +211,12 @@ class Trajectory:
         kwargs["subgoals"] = [bool(v) for v in kwargs.get("subgoals", [])]
         if not isinstance(kwargs.get("meta", {}), dict):
             raise ValueError("trajectory: 'meta' must be an object")
+        kind = kwargs.get("error_kind")
+        if kind is None and kwargs.get("error"):  # a record written before error kinds: its message's prefix
+            head = str(kwargs["error"]).split(":", 1)[0]
+            kwargs["error_kind"] = head if head in ("env", "policy") else "env"
+        elif kind is not None and kind not in ERROR_KINDS:
+            raise ValueError(f"trajectory: error_kind {kind!r} is not one of {list(ERROR_KINDS)}")
         try:
             traj = cls(**kwargs)
         except TypeError as e:

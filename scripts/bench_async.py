@@ -4,10 +4,10 @@ environment utilisation, throughput, and the share of a training step spent beyo
     .venv/bin/python scripts/bench_async.py                      # 256 envs x 1 s a step; about 2 minutes
     .venv/bin/python scripts/bench_async.py --envs 64 --latency 0.2 --staleness 1 2 --json
 
-What is real: the trainer's loops (:func:`mobilerl.rl.trainer.train`, :func:`mobilerl.rl.async_rollout.train_async`),
+What is real: the trainer's loops (:func:`mobilerl.rl.loop.train`, :func:`mobilerl.rl.async_loop.train_async`),
 the task sampler (FCF), grouping, staleness, SPA/advantages, AdaPR and the rows of the update
 (:meth:`~mobilerl.rl.trainer.Trainer.batch`), the weights written and published each round, the rollout workers'
-per-trajectory slots (:func:`~mobilerl.rl.async_rollout.serve`, here in threads: ``ThreadWorkers``), the env pool
+per-trajectory slots (:func:`~mobilerl.rl.async_workers.serve`, here in threads: ``ThreadWorkers``), the env pool
 and the episode loop (:func:`~mobilerl.agent.rollout.rollout`). The synchronous mode runs its rounds through the
 same workers (``ThreadWorkers.run``: every episode of the round, then the update), so the comparison is of
 scheduling alone.
@@ -42,10 +42,12 @@ from mobilerl.env.actions import FINISH, TAP, Action, format_action
 from mobilerl.env.base import Observation, StepResult, TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.models.generation import MicroBatcher
-from mobilerl.rl.async_rollout import ThreadWorkers, train_async
+from mobilerl.rl.async_loop import train_async
+from mobilerl.rl.async_workers import ThreadWorkers
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import Trainer, train
+from mobilerl.rl.loop import train
+from mobilerl.rl.trainer import Trainer
 
 TAP_TEXT = format_action(Action(TAP, element=BUTTON))
 FINISH_TEXT = format_action(Action(FINISH, message="done"))

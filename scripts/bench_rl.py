@@ -36,7 +36,7 @@ def main() -> None:
 
     from mobilerl.eval.runner import evaluate_in_processes
     from mobilerl.rl.config import RLConfig
-    from mobilerl.rl.trainer import run, training_pool
+    from mobilerl.rl.run import run, training_pool
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RLConfig(init=args.init, rounds=args.rounds, overrides={"train_batch_size": args.tasks_per_round},

@@ -76,7 +76,7 @@ def rank_main(rank: int, world: int, port: int, args: dict[str, Any], backend: d
         t.dp.stop()
         Path(out).write_text(json.dumps(times))
     else:
-        t.dp.follow(t)
+        t.follow()
 
 
 def main() -> None:

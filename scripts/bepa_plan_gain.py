@@ -20,7 +20,7 @@ from mobilerl.models.hf_backend import HFBackend
 from mobilerl.models.profiles import load_profile
 from mobilerl.rl.bepa import oracle_plan, plan_instruction
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import training_pool
+from mobilerl.rl.run import training_pool
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Stage `rl`: AdaGRPO online RL (MobileRL §2.2) from a warm-up checkpoint on the simulator's train tasks.
 
-The loop is :func:`mobilerl.rl.trainer.run`; the config is :class:`mobilerl.rl.config.RLConfig` (mechanism
+The stage is :func:`mobilerl.rl.run.run`; the config is :class:`mobilerl.rl.config.RLConfig` (mechanism
 switches here, hyper-parameters in the profile's ``rl:`` section). A killed run resumes from its last checkpoint
 in ``rl.work``. With ``rl.trainer_backend`` ddp / deepspeed it runs under a launcher (``torchrun
 --nproc_per_node N -m stages.rl``): every rank trains, rank 0 alone rolls out, logs and writes (docs/rl.md).
@@ -16,7 +16,7 @@ from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, write_json
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.distributed import launch_rank
-from mobilerl.rl.trainer import run
+from mobilerl.rl.run import run
 
 CHECKPOINTS = ROOT / "data" / "checkpoints"
 

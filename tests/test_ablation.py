@@ -43,8 +43,8 @@ def test_every_variant_validates_against_rlconfig_and_changes_only_its_own_switc
         cfg = RLConfig.model_validate(cell_spec(table, v, 0, BASE_RL)["rl"])
         switches = {k: getattr(cfg, k) for k in ("spa", "adapr", "fcf")}
         assert switches == {k: o.get(k, True) for k in switches}, v  # each ablation turns off exactly its own
-        peers = {k: getattr(cfg, k) for k in ("bepa", "dynamic_sampling", "dart", "distrl")}
-        assert peers == {k: o.get(k, False) for k in peers}, v  # each peer variant is full plus its one option
+        peers = {k: getattr(cfg, k) is not None for k in ("bepa", "dynamic_sampling", "dart", "distrl")}
+        assert peers == {k: k in o for k in peers}, v  # each peer variant is full plus its one option
         assert cfg.rounds == table.cell["rounds"] and cfg.overrides == BASE_RL["overrides"]
     e5 = [RLConfig.model_validate(cell_spec(table, v, 0, BASE_RL)["rl"]) for v in ("e5_verifier", "e5_reward_model")]
     assert [c.test_half for c in e5] == [0, 0] and [c.judge_all for c in e5] == [False, True]
@@ -123,7 +123,7 @@ def _lists(tmp: Path) -> Path:
 
 
 def test_e5_trains_on_one_half_of_the_test_split_and_evaluates_on_the_other(tmp_path):
-    from mobilerl.rl.trainer import training_pool
+    from mobilerl.rl.run import training_pool
     from mobilerl.tasks import halves
 
     root = _lists(tmp_path)
@@ -144,7 +144,7 @@ def test_e5_trains_on_one_half_of_the_test_split_and_evaluates_on_the_other(tmp_
 
 
 def test_judge_all_rewards_verified_episodes_by_the_judge_and_keeps_the_verifiers_verdict():
-    from mobilerl.rl.trainer import judge_rewards
+    from mobilerl.rl.groups import judge_rewards
 
     class Judge:
         def score(self, trajs):
@@ -238,7 +238,7 @@ def test_report_section_table_figures_goal_and_the_empty_case(tmp_path):
     results = [fake_result("full", s, r) for s, r in ((0, 0.30), (1, 0.32), (2, 0.34))]
     results += [fake_result("no_adapr", s, r, overrides={"adapr": False}) for s, r in ((0, 0.10), (1, 0.12), (2, 0.14))]
     results += [fake_result("no_spa", s, r, overrides={"spa": False}) for s, r in ((0, 0.2), (1, 0.4), (2, 0.3))]
-    results += [fake_result("bepa", s, 0.35, overrides={"bepa": True}) for s in (0, 1, 2)]
+    results += [fake_result("bepa", s, 0.35, overrides={"bepa": {}}) for s in (0, 1, 2)]
     results += [fake_result(v, 0, 0.1, overrides={"test_half": 0, **extra}, judged=bool(extra))
                 for v, extra in (("e5_verifier", {}), ("e5_reward_model", {"judge_all": True}))]
     results += [{**fake_result("init", 0, 0.4, rounds=0), "init": "data/checkpoints/sft"}]  # ahead, but no peer

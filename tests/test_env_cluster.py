@@ -34,7 +34,7 @@ from mobilerl.env.cluster import (
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.env.server import RemoteEnv, create_app
 from mobilerl.eval.runner import evaluate
-from mobilerl.rl.trainer import make_groups
+from mobilerl.rl.groups import make_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
@@ -404,7 +404,7 @@ def test_rl_stage_runs_on_env_servers_and_logs_per_server_figures(tmp_path, monk
 
     from mobilerl.env.server import backend_factory
     from mobilerl.rl.config import RLConfig
-    from mobilerl.rl.trainer import run as run_stage
+    from mobilerl.rl.run import run as run_stage
 
     stage_root(tmp_path, short_tasks(2), [3, 3])
     monkeypatch.setenv("MOBILERL_ENV_TOKEN", TOKEN)

@@ -23,11 +23,13 @@ from mobilerl.env.actions import FINISH, TAP, Action, format_action
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.models.generation import ChatRequest
-from mobilerl.rl.async_rollout import Job, ThreadWorkers, drop_stale, train_async
+from mobilerl.rl.async_loop import drop_stale, train_async
+from mobilerl.rl.async_workers import Job, ThreadWorkers
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loss import policy_loss, tis_weights
-from mobilerl.rl.trainer import Trainer, train
+from mobilerl.rl.loop import train
+from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,9 +96,9 @@ class FakeTrainer(Trainer):
         super().__init__(cfg, torch.nn.Linear(2, 2), lambda req: [1, 2, 3], 0, PromptFormat())
         self.trained: list[tuple[int, list[str | None]]] = []
 
-    def batch(self, groups, r):
+    def batch(self, groups, r, ctx=None):
         self.trained.append((r, [t.policy_version for g in groups for t in g.trajectories]))
-        return super().batch(groups, r)
+        return super().batch(groups, r, ctx)
 
     def update(self, rows):
         time.sleep(self.update_s)
@@ -185,7 +187,7 @@ def test_fresh_rows_of_an_older_version_are_off_policy():
         trajs, _ = w.run(tasks(2, 0), 2, base_seed=0)
     for t, v in zip(trajs, ["3", "2", "3", "2"], strict=True):
         t.policy_version = v
-    from mobilerl.rl.trainer import make_groups, score_groups
+    from mobilerl.rl.groups import make_groups, score_groups
 
     groups, _ = make_groups(trajs)
     score_groups(groups, None, None, torch.Generator())
@@ -200,8 +202,8 @@ def test_fresh_rows_of_an_older_version_are_off_policy():
 def test_async_with_a_slow_env_honours_max_staleness_and_counts_every_drop(tmp_path, caplog):
     cfg = config(1, rounds=6)
     trainer = FakeTrainer(cfg)
-    with caplog.at_level(logging.WARNING, logger="mobilerl.rl.async_rollout"), workers() as w:
-        curve = train_async(cfg, trainer, w, tasks(), tmp_path, progress=False)
+    with caplog.at_level(logging.WARNING, logger="mobilerl.rl.async_loop"), workers() as w:
+        curve = train_async(trainer, w, tasks(), tmp_path, progress=False)
     assert [c["round"] for c in curve] == list(range(6))
     for r, versions in trainer.trained:  # nothing older than k = 1 version reached an update
         assert all(v is None or r - int(v) <= 1 for v in versions), (r, versions)
@@ -220,14 +222,14 @@ def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchang
     cfg = config(2, rounds=5)
     trainer = FakeTrainer(cfg)
     with workers() as w:
-        curve = train_async(cfg, trainer, w, tasks(), tmp_path / "a", progress=False)
+        curve = train_async(trainer, w, tasks(), tmp_path / "a", progress=False)
     ages = [r - int(v) for r, vs in trainer.trained for v in vs]
     assert max(ages) <= 2 and max(ages) >= 1  # the pipeline runs ahead of the trainer, within k
     assert all(c["async/episodes_in_flight"] <= 3 * 4 * 2 for c in curve)
 
     sync = FakeTrainer(config(None, rounds=3))  # no rl.async: train()'s rounds, every episode of the round's version
     with workers() as w:
-        train(sync.cfg, sync, w, tasks(), tmp_path / "s", progress=False)
+        train(sync, w, tasks(), tmp_path / "s", progress=False)
     assert all(v == str(r) for r, vs in sync.trained for v in vs)
     assert RLConfig().async_ is None and RLConfig().tis_cap is None
 
@@ -254,7 +256,7 @@ def test_a_resumed_async_run_continues_from_its_checkpoint_with_new_draws(tmp_pa
     cfg = config(1, rounds=2)
     first = FakeTrainer(cfg)
     with workers() as w:
-        train_async(cfg, first, w, tasks(), tmp_path, progress=False)
+        train_async(first, w, tasks(), tmp_path, progress=False)
     draws = json.loads((tmp_path / "async.json").read_text())["draws"]
     assert draws >= 2 and (tmp_path / "state.pt").exists()
     with (tmp_path / "curve.jsonl").open("a") as f:  # a round the killed run logged after its checkpoint
@@ -265,7 +267,7 @@ def test_a_resumed_async_run_continues_from_its_checkpoint_with_new_draws(tmp_pa
     original = resumed.sample_tasks
     resumed.sample_tasks = lambda pool, d: (seen.append(d), original(pool, d))[1]
     with workers() as w:
-        curve = train_async(resumed.cfg, resumed, w, tasks(), tmp_path, progress=False)
+        curve = train_async(resumed, w, tasks(), tmp_path, progress=False)
     assert [c["round"] for c in curve] == [0, 1, 2, 3] and "rollout/episodes" in curve[2]
     assert min(seen) == draws  # no draw (and so no episode seed) of the killed run is reused
     assert [r for r, _ in resumed.trained] == [2, 3]
@@ -288,7 +290,7 @@ def test_a_dead_worker_fails_the_run_instead_of_hanging(tmp_path):
     cfg = config(0, rounds=3)
     with ThreadWorkers(lambda i: Broken(i), SlowEnv, workers=1, slots=2) as w, \
             pytest.raises(RuntimeError, match="rollout"):
-        train_async(cfg, FakeTrainer(cfg), w, tasks(), tmp_path, progress=False)
+        train_async(FakeTrainer(cfg), w, tasks(), tmp_path, progress=False)
 
 
 # ------------------------------------------------------------------------------ the stage, end to end
@@ -297,7 +299,7 @@ RUN = """
 import json, sys
 from pathlib import Path
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import run
+from mobilerl.rl.run import run
 cfg = RLConfig.model_validate(json.loads(sys.argv[1]))
 summary, curve = run(cfg, Path(sys.argv[2]), progress=False)
 print(json.dumps(curve))
@@ -334,7 +336,7 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
     from mobilerl.env.sim.env import SimEnv
     from mobilerl.models.generation import SamplingConfig
     from mobilerl.models.hf_backend import HFBackend
-    from mobilerl.rl.async_rollout import ModelEngine
+    from mobilerl.rl.async_workers import ModelEngine
 
     fmt = PromptFormat(obs_mode="xml", prompt_style="compact", max_history=4, coords="marks")
 
@@ -357,7 +359,7 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
     trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt)
     pool = [dataclasses.replace(t, has_verifier=False) for t in short_tasks(3)]
     with ThreadWorkers(engine, lambda: InlineEnv(SimEnv(render=False)), workers=2, slots=2) as w:
-        curve = train_async(cfg, trainer, w, pool, tmp_path, progress=False, judge=Judge())
+        curve = train_async(trainer, w, pool, tmp_path, progress=False, judge=Judge())
     assert all(c["train/rows"] > 0 for c in curve) and sum(c["async/worker_loads"] for c in curve) >= 2
     assert all(c["loss/logprob_gap_max"] < 1e-3 for c in curve), [c["loss/logprob_gap_max"] for c in curve]
     assert all(c["loss/tis_mean"] == pytest.approx(1.0, abs=1e-3) for c in curve)
@@ -369,5 +371,5 @@ def test_async_with_an_option_its_loop_lacks_is_a_config_error():
     from mobilerl.rl.config import RLConfig
 
     with pytest.raises(ValueError, match="rl.async is not combined with rl.dart"):
-        RLConfig.model_validate({"async": {"max_staleness": 1}, "dart": True})
+        RLConfig.model_validate({"async": {"max_staleness": 1}, "dart": {}})
     assert RLConfig.model_validate({"async": {"max_staleness": 1}}).async_ is not None

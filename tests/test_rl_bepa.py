@@ -17,9 +17,11 @@ from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.generation import SamplingConfig
 from mobilerl.models.hf_backend import HFBackend
 from mobilerl.rl.batch import PromptFormat, collate, rows_logprobs, step_requests, trajectory_rows
-from mobilerl.rl.bepa import BEPA, PLAN_HEADER, oracle_plan, plan_instruction, replace_first_failure
+from mobilerl.rl.bepa import BEPA, PLAN_HEADER, oracle_plan, plan_instruction, relogprob, replace_first_failure
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import Group, Trainer, score_groups, train
+from mobilerl.rl.groups import Group, score_groups
+from mobilerl.rl.loop import train
+from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import StepRecord, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,14 +136,14 @@ def guided_episode():
 
 def test_the_replayed_rows_carry_the_old_policys_logprobs_under_the_plain_instruction(guided_episode):
     backend, task, rollout = guided_episode
-    cfg = RLConfig(bepa=True, bepa_seed_rollouts=1, overrides={"kl_coef": 0.0, "learning_rate": 1e-3})
+    cfg = RLConfig(bepa={"seed_rollouts": 1}, overrides={"kl_coef": 0.0, "learning_rate": 1e-3})
     trainer = Trainer(cfg, HFBackend.from_pretrained(BASE, device="cpu").model, backend.prompt_ids,
                       backend.pad_id, FMT)
     failed = [dataclasses.replace(traj(task.task_id, False, j, task.instruction), trial=j) for j in range(3)]
-    out, m = trainer.bepa.assimilate([Group(task.task_id, failed)], [task], 0, rollout, trainer.old_policy_logprobs)
+    out, m = trainer.hooks.get("bepa").assimilate([Group(task.task_id, failed)], [task], 0, rollout, relogprob(trainer))
     assert m["bepa/seeded"] == 1 and m["bepa/replaced"] == 1
     replayed = out[0].trajectories[0]
-    sampled = trainer.bepa.cache[task.task_id]  # holds the plan-conditioned behaviour logprobs
+    sampled = trainer.hooks.get("bepa").cache[task.task_id]  # holds the plan-conditioned behaviour logprobs
     assert replayed.n_steps > 0 and replayed.instruction == task.instruction
 
     requests = step_requests(replayed, FMT)
@@ -179,10 +181,10 @@ def test_a_round_with_bepa_trains_on_the_injected_success_but_the_curriculum_see
     base = short_tasks(1)[0]
     pool = [dataclasses.replace(base, task_id=f"world/train/{base.template}/{i}") for i in range(2)]
     workers = FakeWorkers(lambda t, j: PLAN_HEADER in t.instruction)  # only plan-conditioned episodes succeed
-    cfg = RLConfig(bepa=True, bepa_seed_rollouts=2, rounds=2, fcf_patience=3, adapr=False,
+    cfg = RLConfig(bepa={"seed_rollouts": 2}, rounds=2, fcf_patience=3, adapr=False,
                    overrides={"train_batch_size": 2, "samples_per_task": 3, "kl_coef": 0.0})
     trainer = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
-    curve = train(cfg, trainer, workers, pool, tmp_path, progress=False)
+    curve = train(trainer, workers, pool, tmp_path, progress=False)
     assert [c["bepa/seeded"] for c in curve] == [2, 0] and [c["bepa/replaced"] for c in curve] == [2, 2]
     assert [c["bepa/cache_tasks"] for c in curve] == [2, 2]
     assert len(workers.calls) == 3  # round 0: on-policy + seeding; round 1: on-policy only
@@ -193,11 +195,11 @@ def test_a_round_with_bepa_trains_on_the_injected_success_but_the_curriculum_see
 
     # resumed after round 0: the cache and the seeded tasks come back, so round 1 neither seeds again nor misses
     first = Trainer(cfg.model_copy(update={"rounds": 1}), torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
-    train(first.cfg, first, FakeWorkers(workers.outcome), pool, tmp_path / "b", progress=False)
+    train(first, FakeWorkers(workers.outcome), pool, tmp_path / "b", progress=False)
     resumed = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
     resumed.load_state_dict(torch.load(tmp_path / "b" / "state.pt", weights_only=False))
     later = FakeWorkers(workers.outcome)
-    tail = train(cfg, resumed, later, pool, tmp_path / "b", progress=False)
+    tail = train(resumed, later, pool, tmp_path / "b", progress=False)
     assert later.calls == workers.calls[2:] and tail[-1]["bepa/replaced"] == 2 and tail[-1]["bepa/seeded"] == 0
-    assert {k: t.to_dict() for k, t in resumed.bepa.cache.items()} == {
-        k: t.to_dict() for k, t in trainer.bepa.cache.items()}
+    assert {k: t.to_dict() for k, t in resumed.hooks.get("bepa").cache.items()} == {
+        k: t.to_dict() for k, t in trainer.hooks.get("bepa").cache.items()}

@@ -23,7 +23,8 @@ from mobilerl.rl.dart import (
     rollout_weight,
     step_entropy,
 )
-from mobilerl.rl.trainer import Trainer, train
+from mobilerl.rl.loop import train
+from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +81,7 @@ def test_curator_tracks_recent_success_and_names_bad_bounds():
     restored = DartCurator(2, 12, 8, window=4)
     restored.load_state_dict(cur.state_dict())
     assert restored.rollout_counts(["a", "b", "new"]) == counts
-    with pytest.raises(ValueError, match="rl.dart_max_rollouts"):
+    with pytest.raises(ValueError, match="rl.dart.max_rollouts"):
         DartCurator(2, 6, 8)
 
 
@@ -163,7 +164,7 @@ def _trainer(backend, **cfg):
 
 
 def _groups(trajs):
-    from mobilerl.rl.trainer import make_groups, score_groups
+    from mobilerl.rl.groups import make_groups, score_groups
 
     trajs = [Trajectory.from_dict(t.to_dict()) for t in trajs]
     for i, t in enumerate(trajs):
@@ -179,7 +180,7 @@ def test_the_trainer_trains_the_top_entropy_steps_of_each_task(sampled):
 
     backend, trajs = sampled
     plain, _ = _trainer(backend).batch(_groups(trajs), 0)
-    trainer = _trainer(backend, dart=True)
+    trainer = _trainer(backend, dart={})
     rows, m = trainer.batch(_groups(trajs), 0)
     key = [(tuple(r.prompt_ids), tuple(r.response_ids), r.advantage) for r in plain]
     kept = [(tuple(r.prompt_ids), tuple(r.response_ids), r.advantage) for r in rows]
@@ -204,7 +205,7 @@ def test_the_trainer_trains_the_top_entropy_steps_of_each_task(sampled):
 def test_defaults_leave_the_trainer_as_it_was(sampled):
     backend, _ = sampled
     trainer = _trainer(backend)
-    assert trainer.dart is None and trainer.distrl is None
+    assert not trainer.hooks
     assert set(trainer.state_dict()) == {"round", "model", "optimizer", "buffer", "curriculum"}
 
 
@@ -227,13 +228,13 @@ def test_train_spends_fewer_rollouts_on_a_solved_task_and_resumes_the_stats(tmp_
     from mobilerl.rl.batch import PromptFormat
     from mobilerl.rl.config import RLConfig
 
-    cfg = RLConfig(overrides={"kl_coef": 0.0, "samples_per_task": 4, "train_batch_size": 4}, rounds=2, dart=True,
-                   dart_max_rollouts=8, checkpoint_every=1, fcf=False)
+    cfg = RLConfig(overrides={"kl_coef": 0.0, "samples_per_task": 4, "train_batch_size": 4}, rounds=2, dart={"max_rollouts": 8},
+                   checkpoint_every=1, fcf=False)
     pool = [TaskSpec(task_id=f"world/train/{k}/{i}", suite="world", split="train", template=k, instruction="x")
             for k, i in (("easy", 0), ("hard", 0), ("hard", 1), ("hard", 2))]
     trainer = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, PromptFormat())
     workers = FakeWorkers()
-    curve = train(cfg, trainer, workers, pool, tmp_path, progress=False)
+    curve = train(trainer, workers, pool, tmp_path, progress=False)
     assert workers.counts[0] == [4, 4, 4, 4]  # nothing seen yet: every task at samples_per_task
     easy = [t.task_id for t in pool].index("world/train/easy/0")
     assert workers.counts[1][easy] == 2 and sum(workers.counts[1]) == 16
@@ -241,6 +242,6 @@ def test_train_spends_fewer_rollouts_on_a_solved_task_and_resumes_the_stats(tmp_
     assert curve[1]["dart/rollouts_per_task_min"] == 2.0 and curve[1]["dart/rollouts_per_task_mean"] == 4.0
     restored = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, PromptFormat())
     restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
-    assert restored.dart.state_dict() == trainer.dart.state_dict()
+    assert restored.hooks.get("dart").state_dict() == trainer.hooks.get("dart").state_dict()
     ids = [t.task_id for t in pool]
-    assert restored.dart.rollout_counts(ids) == trainer.dart.rollout_counts(ids)
+    assert restored.hooks.get("dart").rollout_counts(ids) == trainer.hooks.get("dart").rollout_counts(ids)

@@ -87,7 +87,7 @@ def _rank(rank: int, world: int, port: int, backend: dict[str, Any], data: dict[
             drive(t)
             t.dp.stop()
         else:
-            t.dp.follow(t)
+            t.follow()
         return t
 
     def a(t: Trainer) -> None:

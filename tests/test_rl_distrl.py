@@ -153,8 +153,8 @@ def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
     assert n_steps >= 2
     # the behaviour policy liked some steps' actions more than the current one does (ρ < 1), others less
     old = _older(traj, [0.3, -0.2, 0.1])
-    trainer = _trainer(backend, distrl=True, distrl_lambda=0.9, adapr=False, distrl_replay_share=1.0)
-    trainer.distrl.buffer.push(old, 1.5, 1.0, 1.0, round=0)
+    trainer = _trainer(backend, distrl={"lambda": 0.9, "replay_share": 1.0}, adapr=False)
+    trainer.hooks.get("distrl").buffer.push(old, 1.5, 1.0, 1.0, round=0)
     rows, m = trainer.batch([], 1)
     assert m["distrl/replayed"] == 1 and len(rows) == n_steps and not any(r.on_policy for r in rows)
     # the expected weights, from the current policy's logprobs of each step on its own
@@ -180,32 +180,32 @@ def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
                               kl_coef=0.0)
     assert float(got) == pytest.approx(float(want), rel=1e-4)
     # the entry's priority terms now describe the current policy
-    e = trainer.distrl.buffer.entries[0]
+    e = trainer.hooks.get("distrl").buffer.entries[0]
     assert e.rho_mean == pytest.approx(float(torch.exp(log_rho.clamp(max=0.0)).mean()), rel=1e-4)
     assert e.nll_mean == pytest.approx(float(np.mean([-sum(x) for x in cur])), rel=1e-4)
 
 
 def test_fresh_signal_enters_adapr_replays_are_not_drawn_twice_and_the_buffer_resumes(sampled):
-    from mobilerl.rl.trainer import make_groups, score_groups
+    from mobilerl.rl.groups import make_groups, score_groups
 
     backend, trajs = sampled
-    trainer = _trainer(backend, distrl=True, distrl_replay_share=1.0)
+    trainer = _trainer(backend, distrl={"replay_share": 1.0})
     trajs = [Trajectory.from_dict(t.to_dict()) for t in trajs]
     trajs[0].success, trajs[0].reward = True, 1.0  # group 0 has a signal, group 1 (all failed) none
     groups, _ = make_groups(trajs)
     score_groups(groups, 1.0, None, torch.Generator().manual_seed(0))
     trainer.batch(groups, 0)
-    assert [e.trajectory.task_id for e in trainer.distrl.buffer.entries] == [trajs[0].task_id] * 2
-    assert all(e.rho_mean == 1.0 and e.advantage != 0 for e in trainer.distrl.buffer.entries)
+    assert [e.trajectory.task_id for e in trainer.hooks.get("distrl").buffer.entries] == [trajs[0].task_id] * 2
+    assert all(e.rho_mean == 1.0 and e.advantage != 0 for e in trainer.hooks.get("distrl").buffer.entries)
     # AdaPR holds the success too: DPER draws only the other one
     assert len(trainer.buffer) == 1
     _, m = trainer.batch([], 1)
     assert m["buffer/replayed"] == 1 and m["distrl/replayed"] == 1 and m["train/trajectories"] == 2
-    drawn = trainer.distrl.buffer.entries[trainer.distrl.drawn[0]].trajectory
+    drawn = trainer.hooks.get("distrl").buffer.entries[trainer.hooks.get("distrl").drawn[0]].trajectory
     assert drawn.trial != trainer.buffer.entries[0].trajectory.trial
-    restored = _trainer(backend, distrl=True, distrl_replay_share=1.0)
+    restored = _trainer(backend, distrl={"replay_share": 1.0})
     restored.load_state_dict(trainer.state_dict())
-    assert restored.distrl.buffer.state_dict(lambda t: t.to_dict()) == trainer.distrl.buffer.state_dict(
+    assert restored.hooks.get("distrl").buffer.state_dict(lambda t: t.to_dict()) == trainer.hooks.get("distrl").buffer.state_dict(
         lambda t: t.to_dict())
     rows_a, _ = trainer.batch([], 2)
     rows_b, _ = restored.batch([], 2)

@@ -13,7 +13,9 @@ from mobilerl.env.sim.tasks import list_tasks
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.dynamic_sampling import fill_batch, has_signal
-from mobilerl.rl.trainer import Group, Trainer, train
+from mobilerl.rl.groups import Group
+from mobilerl.rl.loop import train
+from mobilerl.rl.trainer import Trainer
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import StepRecord, Trajectory
 
@@ -64,7 +66,7 @@ def test_fill_batch_draws_until_enough_groups_have_signal_and_stops_at_the_cap()
 
     _, _, m = fill_batch(groups(0, 4, 99), lambda d, seen: [], 4, 3, signal)
     assert m["sampling/draws"] == 2 and m["sampling/groups"] == 4  # the pool is spent
-    with pytest.raises(ValueError, match="dynamic_sampling_max_draws"):
+    with pytest.raises(ValueError, match="dynamic_sampling.max_draws"):
         fill_batch([], draw, 4, 0, signal)
 
 
@@ -89,14 +91,14 @@ def _run(tmp_path, **cfg):
     trainer = Trainer(config, torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
     trained = []
     batch = trainer.batch
-    trainer.batch = lambda groups, r: (trained.append([g.task_id for g in groups]), batch(groups, r))[1]
+    trainer.batch = lambda groups, r, ctx=None: (trained.append([g.task_id for g in groups]), batch(groups, r, ctx))[1]
     workers = FakeWorkers()
-    curve = train(config, trainer, workers, pool, tmp_path, progress=False)
+    curve = train(trainer, workers, pool, tmp_path, progress=False)
     return curve, workers.calls, trained, trainer
 
 
 def test_a_round_draws_new_tasks_until_its_batch_has_signal_and_discards_still_update_the_curriculum(tmp_path):
-    curve, calls, trained, trainer = _run(tmp_path / "a", dynamic_sampling=True, dynamic_sampling_max_draws=6)
+    curve, calls, trained, trainer = _run(tmp_path / "a", dynamic_sampling={"max_draws": 6})
     for r, c in enumerate(curve):
         per_round = [x for x in calls if x[2] == r]
         assert len(per_round) == c["sampling/draws"]
@@ -112,10 +114,10 @@ def test_a_round_draws_new_tasks_until_its_batch_has_signal_and_discards_still_u
     odd = {t for x in calls for t in x[0] if int(t.rsplit("/", 1)[1]) % 2}
     assert odd and all(trainer.curriculum.failures[t] >= 1 for t in odd)  # discarded groups count for FCF
 
-    again, calls2, trained2, _ = _run(tmp_path / "b", dynamic_sampling=True, dynamic_sampling_max_draws=6)
+    again, calls2, trained2, _ = _run(tmp_path / "b", dynamic_sampling={"max_draws": 6})
     assert calls2 == calls and trained2 == trained  # draws depend on (seed, round, draw) only: resume is exact
 
-    capped, calls3, _, _ = _run(tmp_path / "c", dynamic_sampling=True, dynamic_sampling_max_draws=1)
+    capped, calls3, _, _ = _run(tmp_path / "c", dynamic_sampling={"max_draws": 1})
     assert len(calls3) == 2 and all(c["sampling/draws"] == 1 for c in capped)
 
 

@@ -31,7 +31,8 @@ from mobilerl.rl.batch import (
 )
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loss import policy_loss
-from mobilerl.rl.trainer import Trainer, judge_rewards, make_groups, score_groups
+from mobilerl.rl.groups import judge_rewards, make_groups, score_groups
+from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,7 +194,7 @@ RUN = """
 import json, sys
 from pathlib import Path
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.trainer import run
+from mobilerl.rl.run import run
 cfg = RLConfig.model_validate(json.loads(sys.argv[1]))
 run(cfg, Path(sys.argv[2]), progress=False)
 """
@@ -241,7 +242,7 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
 
 
 def test_config_names_a_bad_override_and_the_pool_keeps_short_templates(tmp_path):
-    from mobilerl.rl.trainer import training_pool
+    from mobilerl.rl.run import training_pool
 
     with pytest.raises(ValueError, match="rl.overrides: unknown key.*bogus"):
         RLConfig(overrides={"bogus": 1}).settings()

@@ -351,7 +351,8 @@ def test_rl_rounds_roll_out_through_remote_engines(tmp_path, transport):
     from mobilerl.rl.config import RLConfig
     from mobilerl.rl.engine import remote_engines
     from mobilerl.rl.rollout import PolicySpec
-    from mobilerl.rl.trainer import Trainer, train
+    from mobilerl.rl.loop import train
+from mobilerl.rl.trainer import Trainer
 
     base = ROOT / "models" / "tiny-base"
     engine = HFBackend.from_pretrained(base, device="cpu", max_batch=8)
@@ -384,7 +385,7 @@ def test_rl_rounds_roll_out_through_remote_engines(tmp_path, transport):
                 return trajs, sync_s
 
             workers.run = checked_run
-            curve = train(cfg, trainer, workers, tasks, tmp_path / "work", progress=False)
+            curve = train(trainer, workers, tasks, tmp_path / "work", progress=False)
         assert [c["round"] for c in curve] == [0, 1]
         assert [(v, pv) for v, pv, _ in rounds] == [(0, {"0"}), (1, {"1"})]
         assert all(gap < 1e-4 for _, _, gap in rounds), rounds

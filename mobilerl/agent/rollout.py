@@ -12,7 +12,8 @@
 The budget counts every response, invalid ones included (so a policy cannot stall on malformed
 output). Env failures (any exception from reset/step/evaluate, :class:`~mobilerl.env.base.EnvError` and
 :class:`~mobilerl.env.base.EnvCrashed` above all) and policy failures end the episode with
-``Trajectory.error`` set (``"env: ..."`` / ``"policy: ..."``) instead of raising; cancellation propagates.
+``Trajectory.fail`` (kind ``env`` / ``policy``) instead of raising; cancellation propagates. An episode that
+spends its budget unfinished ends with kind ``budget`` (``parse`` when no response of it parsed).
 CPU work outside the env (XML compression, PNG encoding) runs in a worker thread, so the event loop is
 never blocked.
 """
@@ -55,7 +56,7 @@ def _save_png(obs: Observation, path: Path) -> str | None:
 
 
 def _env_error(e: BaseException) -> str:
-    return f"env: {type(e).__name__}: {e}"
+    return f"{type(e).__name__}: {e}"
 
 
 async def rollout(
@@ -101,7 +102,7 @@ async def rollout(
         raise
     except Exception as e:  # noqa: BLE001 - recorded on the trajectory
         _log_unexpected(e, task, "reset")
-        traj.error = _env_error(e)
+        traj.fail("env", _env_error(e))
         traj.wall_time_s = time.perf_counter() - t_start
         return traj
 
@@ -109,7 +110,7 @@ async def rollout(
         try:
             xml_c = _compress(obs) if inline else await asyncio.to_thread(_compress, obs)
         except ValueError as e:
-            traj.error = f"env: malformed observation at step {t}: {e}"
+            traj.fail("env", f"malformed observation at step {t}: {e}")
             break
         shot = await asyncio.to_thread(_save_png, obs, shots / f"step{t:03d}.png") if shots else None
         ctx = PolicyContext(task, obs, xml_c, tuple(history), t, ep, tuple(apps), previous)
@@ -123,7 +124,7 @@ async def rollout(
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001
-            traj.error = f"policy: {type(e).__name__}: {e}"
+            traj.fail("policy", f"{type(e).__name__}: {e}")
             break
         policy_s = time.perf_counter() - t0
         history.append(out.text)
@@ -159,7 +160,7 @@ async def rollout(
         except Exception as e:  # noqa: BLE001
             _log_unexpected(e, task, "step")
             rec.latency_s = time.perf_counter() - t0
-            traj.error = _env_error(e)
+            traj.fail("env", _env_error(e))
             break
         rec.latency_s = time.perf_counter() - t0
         info = result.info or {}
@@ -186,10 +187,12 @@ async def rollout(
             raise
         except Exception as e:  # noqa: BLE001
             _log_unexpected(e, task, "evaluate")
-            traj.error = _env_error(e)
+            traj.fail("env", _env_error(e))
         else:
             traj.reward = None if reward is None else float(reward)
             traj.success = traj.finished and traj.reward == 1.0
+    if traj.error_kind is None and not traj.finished and len(traj.steps) >= task.max_steps:
+        traj.error_kind = "parse" if all(st.action is None for st in traj.steps) else "budget"
     subgoals = last_info.get("subgoals")
     if isinstance(subgoals, list | tuple):
         traj.subgoals = [bool(v) for v in subgoals]

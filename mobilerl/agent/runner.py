@@ -75,7 +75,7 @@ class Episode:
         """``"env"``, ``"policy"`` or ``"runner"`` when the episode was cut short (see the module docstring);
         None when it ran to its end, so its reward stands (a wrong answer is the policy's, not a failure)."""
         err = self.trajectory.error
-        return None if err is None else err.split(":", 1)[0]
+        return None if err is None else err.split(":", 1)[0]  # the message names the side; error_kind its kind
 
 
 async def run_episode(
@@ -108,7 +108,9 @@ async def run_episode(
         raise
     except Exception as e:  # noqa: BLE001 - one bad episode must not end the run
         log.warning("episode %s trial %d failed outside the rollout: %r", task.task_id, trial, e)
-        traj = Trajectory.for_task(task, trial=trial, seed=seed, error=f"{stage}: {type(e).__name__}: {e}")
+        # the runner's own failures are infrastructure, as the env's: never the policy's doing
+        traj = Trajectory.for_task(task, trial=trial, seed=seed, error=f"{stage}: {type(e).__name__}: {e}",
+                                   error_kind="policy" if stage == "policy" else "env")
         traj.wall_time_s = time.perf_counter() - t0
     return traj, taken
 

@@ -82,6 +82,7 @@ SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("task_seed", pa.int64()),
     ("error", pa.string()),
+    ("error_kind", pa.string()),
     ("wall_time_s", pa.float64()),
     ("meta", pa.string()),
     ("schema_version", pa.int32()),
@@ -146,7 +147,7 @@ def from_row(row: dict[str, Any]) -> Trajectory:
         if s.get("token_ids") is not None:
             s["token_ids"] = [int(v) for v in s["token_ids"]]
         steps.append(StepRecord.from_dict(s))
-    d = {k: v for k, v in d.items() if v is not None or k in ("reward", "answer", "error", "final_xml_compressed",
+    d = {k: v for k, v in d.items() if v is not None or k in ("reward", "answer", "error", "error_kind", "final_xml_compressed",
                                                               "policy_version", "seed", "task_seed")}
     traj = Trajectory.from_dict({**d, "steps": []})
     traj.steps = steps

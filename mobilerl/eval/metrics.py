@@ -278,7 +278,7 @@ def failure_flags(traj: Trajectory, invalid_share: float = 1 / 3) -> list[str]:
         return []
     flags = []
     if traj.error is not None:
-        flags.append("policy_error" if traj.error.startswith("policy") else "env_error")
+        flags.append("policy_error" if traj.error_kind == "policy" else "env_error")
     if traj.steps and traj.n_invalid / traj.n_steps >= invalid_share:
         flags.append("invalid_actions")
     if traj.finished and traj.reward is not None and traj.error is None:

@@ -209,7 +209,7 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
             per_store[store] = {"episodes": res.n_episodes, "errors": res.n_errors, "positive": 0,
                                 "wall_s": round(res.wall_s, 1)}
             for traj in iter_store(out / "stores" / store):
-                if traj.error is not None and not traj.error.startswith("policy:"):
+                if traj.error is not None and traj.error_kind != "policy":
                     continue  # an env failure says nothing about the policy; a policy that gave up failed
                 truth = int(traj.finished and traj.reward == 1.0)
                 label = noisy_label(truth, f"{store}/{traj.episode_id}", cfg.label_noise, cfg.seed) \

@@ -2,7 +2,7 @@
 
 A variant is a set of :class:`~mobilerl.rl.config.RLConfig` overrides (``configs/ablation.yaml``, data, not
 code), applied over ``params.yaml``'s ``rl:`` section and the table's ``cell:`` budget. A cell trains with the
-`rl` stage's code (:func:`mobilerl.rl.trainer.run`) in its own folder ``<dir>/<variant>/seed<k>/`` (``work/``
+`rl` stage's code (:func:`mobilerl.rl.run.run`) in its own folder ``<dir>/<variant>/seed<k>/`` (``work/``
 the resumable run, ``policy/`` the trained policy), then evaluates the policy greedily with the verifier on the
 test tasks of the pool's templates (E.5 variants: on the held-out half of the test split), and writes
 ``result.json``: the per-round curve, the evaluation and each episode's steps (for the SPA win rate).
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 TABLE = ROOT / "configs" / "ablation.yaml"
 CELLS = ROOT / "experiments" / "ablation"
 INIT = "init"  # the reference cell: the RL init evaluated as the cells are, without training
-# Variant fields that other branches add to RLConfig (peer options: BEPA and dynamic sampling, DART and DistRL;
-# the truncated-IS cap of the asynchronous trainer). A variant naming one fails before any cell runs until then.
 
 
 class EvalSpec(StageConfig):
@@ -180,7 +178,7 @@ def run_cell(spec: dict[str, Any], where: Path, root: Path = ROOT) -> dict[str, 
     reference cell: evaluate ``rl.init``); writes and returns ``where/result.json``."""
     from mobilerl.eval.metrics import summarize
     from mobilerl.eval.runner import sim_template_texts
-    from mobilerl.rl.trainer import run
+    from mobilerl.rl.run import run
 
     cfg = RLConfig.model_validate(spec["rl"])
     name = f"{spec['variant']}-seed{spec['seed']}"

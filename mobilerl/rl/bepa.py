@@ -18,8 +18,8 @@ logprobs it was sampled with (which were a plan-conditioned or an older policy's
 Choices where the paper leaves room: the expert is the simulator's scripted oracle (its plan extractor φ
 renders each oracle step as a low-level step instruction, :mod:`mobilerl.data.step_instructions`, runs of
 Wait collapsed); seeding is lazy — a task is seeded the first time one of its groups fails whole and it has
-no cache entry, with ``bepa_seed_rollouts`` plan-conditioned episodes under the round's weights, and never
-again (so seeding costs at most pool × ``bepa_seed_rollouts`` episodes a run); only tasks with a verifier are
+no cache entry, with ``rl.bepa.seed_rollouts`` plan-conditioned episodes under the round's weights, and never
+again (so seeding costs at most pool × ``rl.bepa.seed_rollouts`` episodes a run); only tasks with a verifier are
 seeded (the paper keeps R(τ) = 1 seeds), lab/train tasks enter the cache through judged successes only.
 The paper seeds its whole expert set up front with the base policy; lazy seeding with the round's policy
 spends rollouts only on tasks the policy cannot yet solve. Metrics and the curriculum see the on-policy groups,
@@ -29,6 +29,7 @@ not the injected ones; with AdaPR on, an injected success may enter the replay b
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ import torch
 
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.batch import PromptFormat, collate, micro_batches, rows_logprobs, trajectory_rows
+from mobilerl.rl.hooks import Hook, Metrics, RoundContext
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
 
@@ -101,8 +103,9 @@ def old_policy_logprobs(traj: Trajectory, model: Any, fmt: PromptFormat, prompt_
     sampled tokens under the prompts the update rebuilds (the plain instruction): the ratio's denominator."""
     out = Trajectory.from_dict(traj.to_dict())
     rows = trajectory_rows(out, 0.0, fmt, prompt_ids)
+    device = next(model.parameters()).device
     for mb in micro_batches(rows, max_tokens):
-        lp, _ = rows_logprobs(model, collate(mb, pad_id), temperature)
+        lp, _ = rows_logprobs(model, collate(mb, pad_id, device), temperature)
         for row, v in zip(mb, lp.tolist(), strict=True):
             row.behaviour_logprobs = v[: len(row.response_ids)]
     steps = [s for s in out.steps if s.token_ids and s.logprobs is not None]  # trajectory_rows' steps, in order
@@ -111,10 +114,20 @@ def old_policy_logprobs(traj: Trajectory, model: Any, fmt: PromptFormat, prompt_
     return out
 
 
-@dataclasses.dataclass
-class BEPA:
-    """The per-task cache E_x, which tasks were seeded, and the oracle plans (recomputed, not saved)."""
+def relogprob(trainer: Any) -> Callable[[Trajectory], Trajectory]:
+    """:func:`old_policy_logprobs` under ``trainer``'s policy and prompt format (a :class:`~mobilerl.rl.trainer.Trainer`)."""
+    return functools.partial(old_policy_logprobs, model=trainer.model, fmt=trainer.fmt, prompt_ids=trainer.prompt_ids,
+                             pad_id=trainer.pad_id, temperature=trainer.settings.temperature,
+                             max_tokens=trainer.cfg.micro_batch_tokens)
 
+
+@dataclasses.dataclass
+class BEPA(Hook):
+    """The per-task cache E_x, which tasks were seeded, and the oracle plans (recomputed, not saved); its hook
+    point is "groups scored" (each of dynamic sampling's further draws too)."""
+
+    name = "bepa"
+    gauges = frozenset({"bepa/cache_tasks"})
     seed_rollouts: int = 4
     seed: int = 0
     cache: dict[str, Trajectory] = dataclasses.field(default_factory=dict)
@@ -181,6 +194,11 @@ class BEPA:
         return out, {"bepa/replaced": float(replaced), "bepa/refreshed": float(refreshed),
                      "bepa/cache_tasks": float(len(self.cache)), "bepa/seeded": 0.0, "bepa/seed_episodes": 0.0,
                      "bepa/seed_successes": 0.0, **m}
+
+    def groups_collected(self, ctx: RoundContext, groups: list[Any]) -> tuple[list[Any], Metrics]:
+        if ctx.rollout is None:
+            raise ValueError("rl.bepa needs the synchronous loop's rollouts (its seeding runs episodes)")
+        return self.assimilate(groups, ctx.tasks, ctx.r, ctx.rollout, relogprob(ctx.trainer))
 
     def state_dict(self) -> dict[str, Any]:
         return {"cache": {k: t.to_dict() for k, t in self.cache.items()}, "seeded": sorted(self.seeded)}

@@ -24,6 +24,57 @@ class AsyncConfig(BaseModel):
         "Drop a trajectory whose policy version is more than this many updates behind the trainer's weights."))
 
 
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DartConfig(_Section):
+    """``rl.dart``: DART's rollout allocation and entropy step selection (docs/rl.md, "Peer options")."""
+
+    min_rollouts: int = Field(2, ge=2, description="Rollouts of a solved task (success rate 1).")
+    max_rollouts: int = Field(12, ge=2, description=(
+        "Most rollouts a task gets (the round's budget stays tasks × samples_per_task)."))
+    success_threshold: float = Field(0.6, ge=0, lt=1, description=(
+        "Success rate above which a task's rollouts fall (Figure 5)."))
+    window: int = Field(16, ge=1, description="A task's success rate is over its last this many episodes.")
+    entropy_keep: float = Field(0.8, gt=0, le=1, description=(
+        "Share of each task's steps trained, highest step entropy first (§4.3)."))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DartConfig:
+        if self.min_rollouts > self.max_rollouts:
+            raise ValueError(f"rl.dart.min_rollouts ({self.min_rollouts}) > rl.dart.max_rollouts ({self.max_rollouts})")
+        return self
+
+
+class DistRLConfig(_Section):
+    """``rl.distrl``: DistRL's prioritised replay buffer and Retrace correction."""
+
+    buffer_size: int = Field(256, ge=1, description="Capacity of the circular replay buffer.")
+    replay_share: float = Field(0.25, ge=0, description=(
+        "Trajectories replayed a round, as a share of the round's configured batch (tasks × n)."))
+    w_advantage: float = Field(1.0, ge=0, description="Priority weight w1 of the normalised |A|.")
+    w_ratio: float = Field(0.3, ge=0, description="Priority weight w2 of the mean min(1, ρ).")
+    w_entropy: float = Field(0.3, ge=0, description="Priority weight w3 of the normalised −log π.")
+    alpha: float = Field(0.5, ge=0, description="Prioritisation exponent α of P ∝ p^α.")
+    lam: float = Field(1.0, ge=0, le=1, alias="lambda", description="Retrace trace decay λ in c = λ·min(1, ρ).")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class BEPAConfig(_Section):
+    """``rl.bepa``: BEPA's cache seeding."""
+
+    seed_rollouts: int = Field(4, ge=1, description=(
+        "Plan-conditioned episodes that seed a task's cache, once a run, when its group first fails whole."))
+
+
+class DynamicSamplingConfig(_Section):
+    """``rl.dynamic_sampling``: DAPO's further draws."""
+
+    max_draws: int = Field(4, ge=1, description="Rollout draws of train_batch_size tasks a round at most, the first included.")
+
+
 class RLConfig(StageConfig):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)  # `async` is a keyword: the field is async_
 
@@ -57,27 +108,11 @@ class RLConfig(StageConfig):
         2.0, ge=0, description="Keep at most this many negatives per positive in a group (None: all).")
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         Field("token-mean", description="How per-token losses are reduced (verl's agg_loss modes)."))
-    dart: bool = Field(False, description=(
-        "DART's data curation (dart.txt §4, mobilerl/rl/dart.py): rollouts per task by success rate, "
-        "training on the top high-entropy steps of each task."))
-    dart_min_rollouts: int = Field(2, ge=2, description="DART: rollouts of a solved task (success rate 1).")
-    dart_max_rollouts: int = Field(12, ge=2, description=(
-        "DART: most rollouts a task gets (the round's budget stays tasks × samples_per_task)."))
-    dart_success_threshold: float = Field(0.6, ge=0, lt=1, description=(
-        "DART: success rate above which a task's rollouts fall (Figure 5)."))
-    dart_window: int = Field(16, ge=1, description="DART: a task's success rate is over its last this many episodes.")
-    dart_entropy_keep: float = Field(0.8, gt=0, le=1, description=(
-        "DART: share of each task's steps trained, highest step entropy first (§4.3)."))
-    distrl: bool = Field(False, description=(
-        "DistRL's prioritised replay with Retrace correction (distrl.txt §5.2-5.3, mobilerl/rl/distrl.py)."))
-    distrl_buffer_size: int = Field(256, ge=1, description="DistRL: capacity of the circular replay buffer.")
-    distrl_replay_share: float = Field(0.25, ge=0, description=(
-        "DistRL: trajectories replayed a round, as a share of the round's configured batch (tasks × n)."))
-    distrl_w_advantage: float = Field(1.0, ge=0, description="DistRL: priority weight w1 of the normalised |A|.")
-    distrl_w_ratio: float = Field(0.3, ge=0, description="DistRL: priority weight w2 of the mean min(1, ρ).")
-    distrl_w_entropy: float = Field(0.3, ge=0, description="DistRL: priority weight w3 of the normalised −log π.")
-    distrl_alpha: float = Field(0.5, ge=0, description="DistRL: prioritisation exponent α of P ∝ p^α.")
-    distrl_lambda: float = Field(1.0, ge=0, le=1, description="DistRL: Retrace trace decay λ in c = λ·min(1, ρ).")
+    dart: DartConfig | None = Field(None, description=(
+        "DART's data curation (dart.txt §4, mobilerl/rl/dart.py): rollouts per task by success rate, training on "
+        "the top high-entropy steps of each task (None: off)."))
+    distrl: DistRLConfig | None = Field(None, description=(
+        "DistRL's prioritised replay with Retrace correction (distrl.txt §5.2-5.3, mobilerl/rl/distrl.py; None: off)."))
     micro_batch_tokens: int = Field(16384, ge=256, description="Padded tokens per forward in the update.")
     rollout_processes: int = Field(2, ge=1, description="Rollout worker processes (each holds the policy).")
     rollout_concurrency: int = Field(64, ge=1, description="Episodes in flight per rollout worker.")
@@ -99,20 +134,19 @@ class RLConfig(StageConfig):
         "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
     tis_cap: float | None = Field(None, ge=1.0, description=(
         "Ratio against the trainer's own old logprobs, each token weighted by min(π_old/π_behaviour, cap) (None: off)."))
-    bepa: bool = Field(False, description=(
-        "BEPA (bepa.txt §4, mobilerl/rl/bepa.py): a cached success replaces the first rollout of an all-failed group."))
-    bepa_seed_rollouts: int = Field(4, ge=1, description=(
-        "Plan-conditioned episodes that seed a task's BEPA cache, once a run, when its group first fails whole."))
-    dynamic_sampling: bool = Field(False, description=(
-        "DAPO's dynamic sampling (mobilerl/rl/dynamic_sampling.py): draw until the batch's groups all have signal."))
-    dynamic_sampling_max_draws: int = Field(4, ge=1, description=(
-        "Rollout draws of train_batch_size tasks a round at most, the first included."))
+    bepa: BEPAConfig | None = Field(None, description=(
+        "BEPA (bepa.txt §4, mobilerl/rl/bepa.py): a cached success replaces the first rollout of an all-failed group "
+        "(None: off)."))
+    dynamic_sampling: DynamicSamplingConfig | None = Field(None, description=(
+        "DAPO's dynamic sampling (mobilerl/rl/dynamic_sampling.py): draw until the batch's groups all have signal "
+        "(None: off)."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
     trainer_backend: Literal["single", "ddp", "deepspeed"] = Field("single", description=(
         "How the update runs: one process, or data-parallel over the processes a launcher started (torchrun, "
         "deepspeed, accelerate launch) with torch.distributed (ddp) or DeepSpeed ZeRO (deepspeed_config)."))
     deepspeed_config: str | None = Field(None, description=(
         "DeepSpeed JSON (repo-relative, e.g. configs/deepspeed/zero2.json) of the deepspeed trainer backend."))
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the trainer's model and its update run.")
     seed: int = Field(0, description="Seeds task sampling, rollouts and negative pruning.")
     registered_model: str = Field("mobilerl-policy", description="MLflow registered model name.")
     alias: str = Field("adagrpo", description="MLflow alias of the trained policy.")
@@ -131,13 +165,6 @@ class RLConfig(StageConfig):
         bad = [u for u in self.engines or [] if not u.startswith(("http://", "https://"))]
         if self.engines is not None and (not self.engines or bad):
             raise ValueError(f"rl.engines must be a non-empty list of http(s):// URLs, got {self.engines!r}")
-        return self
-
-    @model_validator(mode="after")
-    def _dart_bounds(self) -> RLConfig:
-        if self.dart_min_rollouts > self.dart_max_rollouts:
-            raise ValueError(f"rl.dart_min_rollouts ({self.dart_min_rollouts}) > rl.dart_max_rollouts "
-                             f"({self.dart_max_rollouts})")
         return self
 
     @model_validator(mode="after")

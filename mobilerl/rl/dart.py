@@ -5,10 +5,10 @@ min(π_old^train / π_old^rollout, C)), is the trainer's ``rl.tis_cap`` (``loss.
 ablation's ``dart`` variant sets with this switch.
 
 - **Dynamic rollout count** (§4.1, Figure 5): a task's rollouts fall from the maximum once its success
-  rate passes 0.6 (``dart_success_threshold``); tasks below it, hopeless ones included ("tasks with low
+  rate passes 0.6 (``rl.dart.success_threshold``); tasks below it, hopeless ones included ("tasks with low
   success rates maintain maximum sampling"), keep the maximum. The paper gives the curve only as a figure;
-  we take it linear from the maximum at the threshold down to ``dart_min_rollouts`` at 1.0. The success
-  rate is the task's over its last ``dart_window`` episodes (an unseen task counts as 0: full sampling).
+  we take it linear from the maximum at the threshold down to ``rl.dart.min_rollouts`` at 1.0. The success
+  rate is the task's over its last ``rl.dart.window`` episodes (an unseen task counts as 0: full sampling).
   Departure: the paper's asynchronous service spends the rollouts a solved task gives up on other tasks as
   they come; a synchronous round keeps its budget (tasks × ``samples_per_task``) by scaling every task's
   count with one factor, within [min, max] (:func:`allocate_rollouts`), so the freed samples go to the
@@ -16,7 +16,7 @@ ablation's ``dart`` variant sets with this switch.
 - **High-entropy step selection** (§4.3, Eq. 2): a step's entropy is the mean of its tokens' entropies
   H_t = (1/|y_t|) Σ_i H_{t,i} under the policy at the start of the update; within each task's step group
   (every step of the batch's trajectories of that task: the paper's group D) only the steps with
-  H_t ≥ τ_D^0.2 are trained, i.e. the top 80 % (``dart_entropy_keep``). Per *step*, as the paper (not
+  H_t ≥ τ_D^0.2 are trained, i.e. the top 80 % (``rl.dart.entropy_keep``). Per *step*, as the paper (not
   per token, as the 80/20 token paper it cites). The indicator multiplies the whole bracket, KL included, so
   a dropped step leaves the batch; under ``token-mean`` aggregation (the default) that equals masking its
   tokens.
@@ -30,12 +30,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from mobilerl.rl.config import RLConfig
+from mobilerl.rl.config import DartConfig
+from mobilerl.rl.hooks import Hook, Metrics, PerTraj, RoundContext
 
 
 def rollout_weight(success_rate: float, threshold: float = 0.6, floor: float = 0.25) -> float:
@@ -130,53 +130,70 @@ def select_steps(task_ids: Sequence[str], token_entropy: Sequence[Sequence[float
     return (entropy_mask(ent, mask, groups, keep).sum(dim=1) > 0).tolist()
 
 
-class DartCurator:
-    """Per-task recent outcomes (for the rollout counts) and the knobs of the two rules."""
+class DartCurator(Hook):
+    """DART's hook: per-task recent outcomes (for the rollout counts, at "tasks drawn"), the entropy selection of
+    the rows (at "rows built"), the round's outcomes recorded (at "update done")."""
+
+    name = "dart"
 
     def __init__(self, lo: int, hi: int, samples_per_task: int, threshold: float = 0.6, window: int = 16,
                  entropy_keep: float = 0.8) -> None:
         if not 2 <= lo <= samples_per_task <= hi:
-            raise ValueError(f"rl.dart_min_rollouts ({lo}) <= samples_per_task ({samples_per_task}) <= "
-                             f"rl.dart_max_rollouts ({hi}) must hold (and min >= 2: a group needs two)")
+            raise ValueError(f"rl.dart.min_rollouts ({lo}) <= samples_per_task ({samples_per_task}) <= "
+                             f"rl.dart.max_rollouts ({hi}) must hold (and min >= 2: a group needs two)")
         self.lo, self.hi, self.n = lo, hi, samples_per_task
         self.threshold, self.window, self.entropy_keep = threshold, window, entropy_keep
         self.outcomes: dict[str, deque[float]] = {}
-        self.metrics: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, cfg: RLConfig, samples_per_task: int) -> DartCurator:
-        return cls(cfg.dart_min_rollouts, cfg.dart_max_rollouts, samples_per_task, cfg.dart_success_threshold,
-                   cfg.dart_window, cfg.dart_entropy_keep)
+    def from_config(cls, cfg: DartConfig, samples_per_task: int) -> DartCurator:
+        return cls(cfg.min_rollouts, cfg.max_rollouts, samples_per_task, cfg.success_threshold, cfg.window,
+                   cfg.entropy_keep)
 
     def success_rate(self, task_id: str) -> float:
         seen = self.outcomes.get(task_id)
         return sum(seen) / len(seen) if seen else 0.0
 
-    def rollout_counts(self, task_ids: Sequence[str]) -> list[int]:
+    def rollout_counts(self, task_ids: Sequence[str]) -> tuple[list[int], Metrics]:
         """The round's rollouts per task; the budget is the fixed-n round's (tasks × samples_per_task)."""
         rates = [self.success_rate(t) for t in task_ids]
         n = allocate_rollouts(rates, len(task_ids) * self.n, self.lo, self.hi, self.threshold)
-        self.metrics = {"dart/rollouts_per_task_mean": float(sum(n) / len(n)) if n else 0.0,
-                        "dart/rollouts_per_task_min": float(min(n, default=0)),
-                        "dart/rollouts_per_task_max": float(max(n, default=0))}
-        return n
+        return n, {"dart/rollouts_per_task_mean": float(sum(n) / len(n)) if n else 0.0,
+                   "dart/rollouts_per_task_min": float(min(n, default=0)),
+                   "dart/rollouts_per_task_max": float(max(n, default=0))}
 
-    def select(self, task_ids: Sequence[str], token_entropy: Sequence[Sequence[float]]) -> list[bool]:
+    def select(self, task_ids: Sequence[str], token_entropy: Sequence[Sequence[float]]) -> tuple[list[bool], Metrics]:
         """Which of the batch's rows to train (:func:`select_steps` at ``entropy_keep``)."""
         keep = select_steps(task_ids, token_entropy, self.entropy_keep)
         tokens = [len(e) for e in token_entropy]
-        self.metrics["dart/steps_kept_share"] = sum(keep) / len(keep) if keep else 1.0
-        self.metrics["dart/tokens_kept_share"] = (sum(n for n, k in zip(tokens, keep, strict=True) if k)
-                                                  / max(1, sum(tokens)))
-        return keep
+        return keep, {"dart/steps_kept_share": sum(keep) / len(keep) if keep else 1.0,
+                      "dart/tokens_kept_share": (sum(n for n, k in zip(tokens, keep, strict=True) if k)
+                                                 / max(1, sum(tokens)))}
 
     def update(self, task_id: str, successes: Sequence[float]) -> None:
         """Record a round's binary outcomes of ``task_id`` (its group, env failures already dropped)."""
         self.outcomes.setdefault(task_id, deque(maxlen=self.window)).extend(float(s) for s in successes)
+
+    # ------------------------------------------------------------------------------------------- hooks
+
+    def tasks_drawn(self, ctx: RoundContext, tasks: Sequence[Any]) -> tuple[list[int] | None, Metrics]:
+        return self.rollout_counts([t.task_id for t in tasks])
+
+    def rows_built(self, ctx: RoundContext, per_traj: PerTraj) -> tuple[PerTraj, Metrics]:
+        flat = [(t, row) for t, rs in per_traj for row in rs]
+        ent = [e for _, e in ctx.policy_stats([row for _, row in flat])]
+        keep, m = self.select([t.task_id for t, _ in flat], ent)
+        kept = {id(row) for (_, row), k in zip(flat, keep, strict=True) if k}
+        return [(t, [row for row in rs if id(row) in kept]) for t, rs in per_traj], m
+
+    def update_done(self, ctx: RoundContext) -> Metrics:
+        for g in ctx.groups:
+            self.update(g.task_id, g.successes)
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"outcomes": {k: list(v) for k, v in self.outcomes.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.outcomes = {str(k): deque((float(x) for x in v), maxlen=self.window)
-                         for k, v in state["outcomes"].items()}
+                         for k, v in state.get("outcomes", {}).items()}

@@ -38,16 +38,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
+from mobilerl.rl.config import DistRLConfig
+from mobilerl.rl.hooks import Hook, Metrics, PerTraj, RoundContext
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from mobilerl.rl.config import RLConfig
 
 T = TypeVar("T")
 
@@ -198,48 +197,75 @@ def behaviour_nll(t: Trajectory) -> float:
     return float(np.mean(nll)) if nll else 0.0
 
 
-class DistRL:
-    """The trainer's side of DistRL: its buffer of trajectories, the round's draw, and the correction of the
-    replayed rows (:class:`~mobilerl.rl.batch.Row`: ``advantage``, ``behaviour_logprobs``)."""
+class DistRL(Hook):
+    """DistRL's hook: its buffer of trajectories, the round's draw (at "rows built": ``replays``), the Retrace
+    correction of the off-policy rows and the round's push (``rows_built``)."""
+
+    name = "distrl"
 
     def __init__(self, capacity: int, weights: tuple[float, float, float], alpha: float, share: float,
                  lam: float, seed: int) -> None:
         self.buffer: PrioritizedReplay[Trajectory] = PrioritizedReplay(capacity, weights, alpha)
         self.share, self.lam, self.seed = share, lam, seed
-        self.drawn: list[int] = []  # buffer indices of the round's replays
-        self.metrics: dict[str, float] = {}
+        self.drawn: list[tuple[int, Trajectory]] = []  # the round's replays: buffer index and trajectory
 
     @classmethod
-    def from_config(cls, cfg: RLConfig) -> DistRL:
-        return cls(cfg.distrl_buffer_size, (cfg.distrl_w_advantage, cfg.distrl_w_ratio, cfg.distrl_w_entropy),
-                   cfg.distrl_alpha, cfg.distrl_replay_share, cfg.distrl_lambda, cfg.seed)
+    def from_config(cls, cfg: DistRLConfig, seed: int) -> DistRL:
+        return cls(cfg.buffer_size, (cfg.w_advantage, cfg.w_ratio, cfg.w_entropy), cfg.alpha, cfg.replay_share,
+                   cfg.lam, seed)
 
-    def draw(self, m: int, round: int, taken: Sequence[Trajectory]) -> list[tuple[Trajectory, float]]:
+    def draw(self, m: int, round: int, taken: Sequence[Trajectory]) -> tuple[list[tuple[Trajectory, float]], Metrics]:
         """This round's replays, ``(trajectory, advantage)``: ⌊share · m⌋ drawn by priority (seeded by the run's
         seed and ``round``), none of ``taken`` (AdaPR's replays)."""
         keys = {episode_key(t) for t in taken}
         rng = np.random.default_rng(stable_seed(self.seed, "distrl", round))
-        self.drawn = self.buffer.sample(replay_count(self.share, m), rng, lambda t: episode_key(t) in keys)
-        self.metrics = {"distrl/replayed": float(len(self.drawn)),
-                        "distrl/priority_mean": float(self.buffer.priorities().mean()) if len(self.buffer) else 0.0}
-        return [(self.buffer.entries[i].trajectory, self.buffer.entries[i].advantage) for i in self.drawn]
+        idx = self.buffer.sample(replay_count(self.share, m), rng, lambda t: episode_key(t) in keys)
+        self.drawn = [(i, self.buffer.entries[i].trajectory) for i in idx]
+        return [(t, self.buffer.entries[i].advantage) for i, t in self.drawn], {
+            "distrl/replayed": float(len(idx)),
+            "distrl/priority_mean": float(self.buffer.priorities().mean()) if len(self.buffer) else 0.0}
 
-    def push(self, trajectories: Sequence[Trajectory], advantages: Sequence[float], round: int) -> None:
+    def push(self, trajectories: Sequence[Trajectory], advantages: Sequence[float], round: int) -> Metrics:
         """The round's trained trajectories with a signal (A ≠ 0) enter, on-policy (ρ̄ = 1)."""
         for t, a in zip(trajectories, advantages, strict=True):
             if a != 0:
                 self.buffer.push(t, a, 1.0, behaviour_nll(t), round)
-        self.metrics["distrl/buffer_size"] = float(len(self.buffer))
+        return {"distrl/buffer_size": float(len(self.buffer))}
 
-    def correct(self, replayed: Sequence[Sequence[Any]], current: Sequence[Sequence[Sequence[float]]]) -> None:
-        """Retrace-weight the advantages of the off-policy trajectories' rows (``replayed``: each trajectory's
-        rows in step order, DPER's draw last), given each row's token logprobs under the current policy; the
-        drawn entries' ρ̄ and H̄ are refreshed from the same logprobs."""
+    def correct(self, per_traj: PerTraj, current: Sequence[Sequence[Sequence[float]]]) -> Metrics:
+        """Retrace-weight the advantages of the off-policy trajectories' rows (``per_traj``: each trajectory's
+        rows in step order), given each row's token logprobs under the current policy; the drawn entries' ρ̄
+        and H̄ are refreshed from the same logprobs (found by identity, whatever else is off-policy)."""
         weights: list[float] = []
-        for rows, cur in zip(replayed, current, strict=True):
+        for (_, rows), cur in zip(per_traj, current, strict=True):
             if rows:
                 weights += retrace_rows(rows, cur, self.lam).tolist()
-        mine = list(zip(replayed, current, strict=True))[len(replayed) - len(self.drawn):]
-        for i, (rows, cur) in zip(self.drawn, mine, strict=True):
-            self.buffer.refresh(i, *step_stats(cur, [r.behaviour_logprobs for r in rows]))
-        self.metrics["distrl/retrace_weight_mean"] = float(np.mean(weights)) if weights else 1.0
+        mine = {id(t): (rows, cur) for (t, rows), cur in zip(per_traj, current, strict=True)}
+        for i, t in self.drawn:
+            if id(t) in mine:
+                rows, cur = mine[id(t)]
+                self.buffer.refresh(i, *step_stats(cur, [r.behaviour_logprobs for r in rows]))
+        return {"distrl/retrace_weight_mean": float(np.mean(weights)) if weights else 1.0}
+
+    # ------------------------------------------------------------------------------------------- hooks
+
+    def replays(self, ctx: RoundContext, m: int, taken: Sequence[Trajectory]
+                ) -> tuple[list[tuple[Trajectory, float]], Metrics]:
+        return self.draw(m, ctx.r, taken)
+
+    def rows_built(self, ctx: RoundContext, per_traj: PerTraj) -> tuple[PerTraj, Metrics]:
+        off = [(t, rs) for t, rs in per_traj if rs and not rs[0].on_policy]
+        stats = ctx.policy_stats([row for _, rs in off for row in rs])
+        cur, k = [], 0
+        for _, rs in off:
+            cur.append([lp for lp, _ in stats[k: k + len(rs)]])
+            k += len(rs)
+        m = self.correct(off, cur)  # first: the round's push may overwrite the drawn entries
+        return per_traj, m | self.push([t for t, _ in ctx.fresh], [a for _, a in ctx.fresh], ctx.r)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.buffer.state_dict(lambda t: t.to_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.buffer.load_state_dict(state, Trajectory.from_dict)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mobilerl.rl.hooks import Hook, Metrics, RoundContext
 from mobilerl.rl.spa import shortest_path_rewards
 
 
@@ -38,7 +39,7 @@ def fill_batch(first: Sequence[Any], draw: Callable[[int, set[str]], Sequence[An
     round) and returns its groups (none: the pool is spent). Returns (the groups to train on — at most
     ``want``, in draw order —, every group drawn, ``sampling/*`` metrics)."""
     if max_draws < 1:
-        raise ValueError(f"rl.dynamic_sampling_max_draws must be >= 1, got {max_draws}")
+        raise ValueError(f"rl.dynamic_sampling.max_draws must be >= 1, got {max_draws}")
     drawn = list(first)
     kept = [g for g in drawn if signal(g)]
     draws = 1
@@ -53,3 +54,20 @@ def fill_batch(first: Sequence[Any], draw: Callable[[int, set[str]], Sequence[An
         "sampling/draws": float(draws), "sampling/groups": float(len(drawn)),
         "sampling/groups_with_signal": float(len(kept)), "sampling/discarded": float(len(drawn) - len(kept)),
         "sampling/surplus": float(max(0, len(kept) - want)), "sampling/trained_groups": float(min(want, len(kept)))}
+
+
+class DynamicSampling(Hook):
+    """The hook at "groups scored": the round's first draw in, the groups to train on out; the further draws come
+    from ``ctx.draw`` (the hooks before this one, BEPA, applied to them)."""
+
+    name = "dynamic_sampling"
+
+    def __init__(self, max_draws: int, want: int, spa_alpha: float | None) -> None:
+        self.max_draws, self.want, self.spa_alpha = max_draws, want, spa_alpha
+
+    def groups_collected(self, ctx: RoundContext, groups: list[Any]) -> tuple[list[Any], Metrics]:
+        if ctx.draw is None:
+            raise ValueError("rl.dynamic_sampling needs the synchronous loop's further draws")
+        kept, _, m = fill_batch(groups, lambda d, seen: ctx.draw(d, seen, self), self.want, self.max_draws,
+                                lambda g: has_signal(g, self.spa_alpha))
+        return kept, m

@@ -13,8 +13,9 @@ completion from any other version than the round's fails the round (it cannot ha
 The prompt side is re-rendered by the trainer from the stored step with the same tokenizer and chat template
 (``mobilerl.rl.batch``): engines must serve a checkpoint with the trainer's tokenizer.
 
-An engine that cannot answer (after the HTTP client's retries) fails the round: an infrastructure failure must
-never become a reward of 0. The run then resumes from its last checkpoint.
+An engine that cannot answer (after the HTTP client's retries) ends its episodes with a policy error, which fails
+the round (:func:`mobilerl.rl.groups.triage`): an infrastructure failure must never become a reward of 0. The run
+then resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +40,6 @@ from mobilerl.rl.rollout import PolicySpec
 from mobilerl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """A round's rollouts failed on an engine (unreachable, or serving another version than the round's)."""
 
 
 class VersionChecked:
@@ -68,19 +66,24 @@ class RemoteEngines:
         spec: the policy's prompt and sampling settings (``init``, ``backend``, ``threads`` are the engines').
         model: the trainer's model (pushed by ``sync``).
         sync: the weight sync to the same engines.
+        gathered: a context in which ``model`` holds its whole weights (the trainer's: ZeRO-3 shards them).
         api_key: the engines' Bearer token.
     """
 
     pushes_weights = True  # the trainer writes no weights file for these workers: ``sync`` moves the weights
 
     def __init__(self, urls: Sequence[str], spec: PolicySpec, model: torch.nn.Module, sync: WeightSync,
-                 api_key: str | None = None, timeout_s: float = 300.0, env_servers: EnvServers | None = None) -> None:
+                 api_key: str | None = None, timeout_s: float = 300.0, env_servers: EnvServers | None = None,
+                 gathered: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        import contextlib
+
         self.urls, self.spec, self.model, self.sync = list(urls), spec, model, sync
+        self.gathered = gathered or contextlib.nullcontext
         self.env_servers = env_servers  # episodes on env servers across hosts (None: the in-process simulator)
         self._env_stats: dict[str, dict[str, Any]] = {}
         self.api_key, self.timeout_s = api_key, timeout_s
         self.version: int | None = None  # what the engines serve (None: unknown before the first push)
-        self.last_sync: dict[str, float] = {}
+        self._push: dict[str, float] = {}  # the last push's seconds per engine
 
     def run(self, tasks: Sequence[TaskSpec], n: int | Sequence[int], base_seed: int, weights: Path | None = None,
             version: int = 0) -> tuple[list[Trajectory], float]:
@@ -90,17 +93,15 @@ class RemoteEngines:
         seconds."""
         t0 = time.perf_counter()
         if version != self.version:
-            self.last_sync = self.sync.push(self.model, version)
+            with self.gathered():
+                self._push = self.sync.push(self.model, version)
             self.version = version
             log.info("rl: weights v%d on %d engine(s): %s", version, len(self.urls),
-                     {k: round(v, 3) for k, v in self.last_sync.items()})
+                     {k: round(v, 3) for k, v in self._push.items()})
         sync_s = time.perf_counter() - t0
         trajs = asyncio.run(self._rollouts(tasks, n, base_seed, str(version)))
         if self.env_servers is not None:
             self._env_stats = merge_stats([self.env_servers.take_stats()])
-        failed = [t for t in trajs if t.error is not None and t.error.startswith("policy:")]
-        if failed:
-            raise EngineError(f"{len(failed)} of {len(trajs)} episodes failed on an engine, e.g. {failed[0].error}")
         return trajs, sync_s
 
     async def _rollouts(self, tasks: Sequence[TaskSpec], n: int | Sequence[int], base_seed: int, version: str) -> list[Trajectory]:
@@ -127,9 +128,10 @@ class RemoteEngines:
             for c in clients:
                 await c.aclose()
 
-    def env_metrics(self) -> dict[str, float]:
-        """The last round's per-server figures (``envs/<server>/<figure>``); empty without env servers."""
-        return server_metrics(self._env_stats)
+    def metrics(self) -> dict[str, float]:
+        """The last round's per-server figures (``envs/<server>/<figure>``, with env servers) and the seconds of
+        its weight push to each engine (``sync/<engine>_s``)."""
+        return {**server_metrics(self._env_stats), **{f"sync/{k}_s": v for k, v in self._push.items()}}
 
     def close(self) -> None:
         self.sync.close()
@@ -141,9 +143,9 @@ class RemoteEngines:
         self.close()
 
 
-def remote_engines(cfg: Any, spec: PolicySpec, model: torch.nn.Module, work: Path) -> RemoteEngines:
-    """:class:`RemoteEngines` for an :class:`~mobilerl.rl.config.RLConfig` with ``engines`` set; the reload
-    transport writes into ``work/weights`` (on a filesystem the engines share)."""
+def remote_engines(cfg: Any, spec: PolicySpec, trainer: Any, work: Path) -> RemoteEngines:
+    """:class:`RemoteEngines` for an :class:`~mobilerl.rl.config.RLConfig` with ``engines`` set, pushing
+    ``trainer``'s model; the reload transport writes into ``work/weights`` (on a filesystem the engines share)."""
     api_key = None
     if cfg.engines_api_key_env:
         api_key = os.environ.get(cfg.engines_api_key_env)
@@ -152,4 +154,5 @@ def remote_engines(cfg: Any, spec: PolicySpec, model: torch.nn.Module, work: Pat
     sync = make_weight_sync(cfg.weight_sync, cfg.engines, directory=work / "weights", address=cfg.sync_address,
                             api_key=api_key)
     envs = EnvServers(cfg.env_servers, cfg.env_pool) if cfg.env_servers else None
-    return RemoteEngines(cfg.engines, spec, model, sync, api_key=api_key, env_servers=envs)
+    return RemoteEngines(cfg.engines, spec, trainer.model, sync, api_key=api_key, env_servers=envs,
+                         gathered=trainer.gathered)

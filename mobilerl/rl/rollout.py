@@ -123,7 +123,7 @@ class RolloutWorkers:
         self._env_stats = merge_stats([e for _, _, e in results])
         return out, max(s for _, s, _ in results)
 
-    def env_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """The last round's per-server figures (``envs/<server>/<figure>``); empty without env servers."""
         return server_metrics(self._env_stats)
 

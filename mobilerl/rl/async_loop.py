@@ -1,0 +1,260 @@
+"""Decoupled rollout and training (``rl.async``): episodes go on while the trainer updates; the trainer takes
+complete groups as they come, and a trajectory more than ``max_staleness`` versions behind is dropped::
+
+    trainer    take G complete groups → drop stale → rewards, SPA, advantages → update → publish version v+1
+    pump       issue groups (n episodes of one FCF-drawn task) while the admission bound allows;
+               results → groups, keyed by (draw, task)
+    workers    each slot: next queued episode → load the published version if newer → run it → result
+               (mobilerl.rl.async_workers)
+
+Scheduling is per trajectory: a slot that finishes an episode starts the next queued one at once, and a group is
+handed over when its n episodes have ended. Admission (AReaL's bound on off-policyness): while the published
+version is v, at most (v − v₀ + k + 1)·G groups have been issued (k = ``max_staleness``, v₀ the version the run
+started at, G the round's tasks), so the pipeline holds at most k + 1 rounds of work; a slow episode can still fall
+further behind, and is then dropped and counted (``async/dropped_stale``), never silently.
+
+Versions: each trajectory records the version its worker held when the episode started
+(``Trajectory.policy_version``). Each worker loads a newer version itself, before its next episode (per-worker
+refresh: no barrier stops every env at once), so later steps of an episode in flight can come from a newer
+version; the per-token behaviour logprobs are the engine's either way, and the recorded version is the oldest,
+so staleness is never under-counted. The correction is the trainer's (``rl.tis_cap``: ratio against π_old,
+weight min(π_old/π_behaviour, C), :func:`mobilerl.rl.loss.tis_weights`).
+
+Resume: the checkpoint is the synchronous mode's (every ``checkpoint_every`` rounds); episodes in flight and
+groups not yet trained are discarded when a run is killed, and the resumed run goes on with new draws
+(``async.json`` keeps the draw counter, so no draw's episode seeds repeat). Unlike the synchronous mode, a
+resumed run is not the uninterrupted one: which episodes finish first depends on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from mobilerl.agent.runner import episode_seed
+from mobilerl.env.base import TaskSpec
+from mobilerl.rl.async_workers import Job, Workers
+from mobilerl.rl.hooks import RoundContext
+from mobilerl.rl.loop import LogMetrics, close_round, open_curve
+from mobilerl.rl.round import collect, learn
+from mobilerl.seeding import stable_seed
+from mobilerl.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """The trainer's side: issues groups within the admission bound (a pump thread), gathers the workers' results
+    into groups by (draw, task), and hands complete groups to the trainer (:meth:`take`).
+
+    ``sample(d)`` draws the tasks of draw ``d`` (the trainer's FCF sampler); it runs in the pump thread under
+    :attr:`lock`, which the trainer must hold while it changes the sampler's state (the curriculum).
+    """
+
+    def __init__(self, workers: Workers, sample: Callable[[int], Sequence[TaskSpec]], groups: int, n: int,
+                 max_staleness: int, seed: int, version: int = 0, draw: int = 0) -> None:
+        self.workers, self.sample, self.groups, self.n = workers, sample, groups, n
+        self.max_staleness, self.seed = max_staleness, seed
+        self.version = self.start_version = version
+        self.draw = draw
+        self.lock = threading.Lock()
+        self.issued = 0  # groups
+        self.completed = 0  # episodes
+        self.loads: list[tuple[int, int, float]] = []  # (worker, version, seconds)
+        self._queued: deque[tuple[int, int, TaskSpec]] = deque()  # (draw, base seed, task) not yet issued
+        self._pending: dict[tuple[int, str], list[Trajectory]] = {}
+        self._ready: deque[list[Trajectory]] = deque()
+        self._cv = threading.Condition()
+        self._halt = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._pump, name="mobilerl-async-pump", daemon=True)
+
+    def start(self) -> Scheduler:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=30)
+        self.workers.halt()
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def bound(self) -> int:
+        """Groups that may have been issued at the current version."""
+        return (self.version - self.start_version + self.max_staleness + 1) * self.groups
+
+    def publish(self, version: int, path: str | Path) -> None:
+        """Weights ``version`` are in ``path``: the workers load them, and G more groups may be issued."""
+        self.workers.publish(version, path)
+        with self.lock:
+            self.version = version
+
+    def take(self) -> tuple[list[list[Trajectory]], float]:
+        """Wait for G complete groups (completion order); returns them and the seconds waited."""
+        t0 = time.perf_counter()
+        with self._cv:
+            while len(self._ready) < self.groups:
+                if self._error is not None:
+                    raise RuntimeError(f"rl async: the rollout side failed: {self._error!r}") from self._error
+                self._cv.wait(0.1)
+            out = [self._ready.popleft() for _ in range(self.groups)]
+        return out, time.perf_counter() - t0
+
+    def backlog(self) -> tuple[int, int]:
+        """Complete groups waiting for the trainer, and episodes issued but not yet ended."""
+        with self._cv:
+            ready = len(self._ready)
+        return ready, self.issued * self.n - self.completed
+
+    def _issue(self) -> None:
+        with self.lock:
+            while self.issued < self.bound:
+                if not self._queued:
+                    tasks = list(self.sample(self.draw))
+                    if not tasks:
+                        raise RuntimeError(f"the task sampler returned no task for draw {self.draw} "
+                                           "(every task removed by FCF?)")
+                    base = stable_seed(self.seed, "async-rollout", self.draw)
+                    self._queued.extend((self.draw, base, t) for t in tasks)
+                    self.draw += 1
+                d, base, task = self._queued.popleft()
+                self._pending[(d, task.task_id)] = []
+                for j in range(self.n):
+                    self.workers.jobs.put(Job(d, task, j, episode_seed(base, task.task_id, j)))
+                self.issued += 1
+
+    def _pump(self) -> None:
+        try:
+            while not self._halt.is_set():
+                self._issue()
+                try:
+                    item = self.workers.results.get(timeout=0.02)
+                except queue.Empty:
+                    self.workers.check()
+                    continue
+                if item[0] == "load":
+                    self.loads.append(item[1:])
+                    continue
+                _, d, traj = item
+                group = self._pending[(d, traj.task_id)]
+                group.append(traj)
+                self.completed += 1
+                if len(group) == self.n:
+                    del self._pending[(d, traj.task_id)]
+                    with self._cv:
+                        self._ready.append(group)
+                        self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - the trainer thread raises it from take()
+            self._error = e
+
+
+def trajectory_version(t: Trajectory) -> int | None:
+    """The policy version a trajectory was sampled with (None: none recorded, e.g. a policy that failed to build
+    before generating anything)."""
+    if t.policy_version is None:
+        return None
+    try:
+        return int(t.policy_version)
+    except ValueError:
+        raise ValueError(f"trajectory {t.episode_id}: policy_version {t.policy_version!r} is not a version "
+                         "number (the asynchronous mode needs its workers' versions)") from None
+
+
+def drop_stale(trajectories: list[Trajectory], version: int, max_staleness: int) -> tuple[list[Trajectory], list[int]]:
+    """The trajectories at most ``max_staleness`` versions behind ``version`` (kept in order), and the staleness
+    (``version − v``) of each kept one; those without a version (no tokens sampled) count as current."""
+    kept, ages = [], []
+    for t in trajectories:
+        v = trajectory_version(t)
+        age = 0 if v is None else version - v
+        if age <= max_staleness:
+            kept.append(t)
+            ages.append(age)
+    return kept, ages
+
+
+def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path,
+                log_metrics: LogMetrics = lambda m, r: None, progress: bool = True,
+                judge: Any = None) -> list[dict[str, float]]:
+    """Rounds ``trainer.round`` … ``cfg.rounds - 1`` of the asynchronous mode (the module docstring); returns the
+    curve like :func:`mobilerl.rl.loop.train`, with ``async/*`` metrics and ``time/rollout_s`` the seconds the
+    trainer waited for groups."""
+    cfg, s = trainer.cfg, trainer.settings
+    if cfg.async_ is None:
+        raise ValueError("train_async needs rl.async (max_staleness)")
+    if cfg.tis_cap is None:
+        log.warning("rl.async without rl.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
+    max_staleness = cfg.async_.max_staleness
+    curve_path, curve = open_curve(work, trainer.round)
+    draws_path = work / "async.json"
+    draw = json.loads(draws_path.read_text())["draws"] if trainer.round and draws_path.exists() else 0
+    sched = Scheduler(workers, lambda d: trainer.sample_tasks(pool, d), s.train_batch_size, s.samples_per_task,
+                      max_staleness, cfg.seed, trainer.round, draw)
+
+    def publish(v: int) -> None:
+        path = work / f"policy.v{v}.safetensors"
+        trainer.save_weights(path)
+        sched.publish(v, path)
+        (work / f"policy.v{v - 3}.safetensors").unlink(missing_ok=True)  # no worker still loads one that old
+
+    def save_draws() -> None:  # before the checkpoint: a count ahead of it is harmless
+        tmp = draws_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"draws": sched.draw}))
+        tmp.replace(draws_path)
+
+    if trainer.round > 0:
+        publish(trainer.round)  # resumed: the workers start from the checkpoint's weights
+    seen_loads = 0
+    bar = tqdm(range(trainer.round, cfg.rounds), initial=trainer.round, total=cfg.rounds, desc="adagrpo-async",
+               disable=not progress, dynamic_ncols=True)
+    try:
+        with sched:
+            for r in bar:
+                t0 = time.perf_counter()
+                raw, wait_s = sched.take()
+                tj = time.perf_counter()
+                kept, ages = [], []
+                for g in raw:
+                    fresh, a = drop_stale(g, r, max_staleness)
+                    kept.append(fresh)
+                    ages += a
+                stale = sum(map(len, raw)) - sum(map(len, kept))
+                if stale:
+                    log.warning("rl async: round %d dropped %d of %d trajectories older than max_staleness = %d",
+                                r, stale, sum(map(len, raw)), max_staleness)
+                ctx = RoundContext(r, trainer)
+                ctx.train = collect(trainer, ctx, kept, judge)  # one group per (draw, task)
+                reward_s = time.perf_counter() - tj
+                m = learn(trainer, ctx, pool, lock=sched.lock)  # the pump samples from the curriculum
+                ts = time.perf_counter()
+                publish(r + 1)
+                ready, in_flight = sched.backlog()
+                loads, seen_loads = sched.loads[seen_loads:], len(sched.loads)
+                m |= {"async/dropped_stale": float(stale), "async/staleness_mean": float(np.mean(ages)) if ages else 0.0,
+                      "async/staleness_max": float(max(ages, default=0)), "async/groups_waiting": float(ready),
+                      "async/episodes_in_flight": float(in_flight), "async/worker_loads": float(len(loads)),
+                      "async/worker_load_s": max((x[2] for x in loads), default=0.0),
+                      "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/sync_s": time.perf_counter() - ts}
+                close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws)
+                bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
+    finally:
+        bar.close()
+        for p in work.glob("policy.v*.safetensors"):
+            p.unlink(missing_ok=True)
+    return curve

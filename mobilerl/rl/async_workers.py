@@ -1,0 +1,291 @@
+"""The asynchronous mode's rollout side (``rl.async``; the loop is :mod:`mobilerl.rl.async_loop`): workers
+whose slots each take the next queued episode as soon as their previous one ends, and load the newest published
+weights before it (per-worker refresh: no barrier stops every env at once)::
+
+    workers    each slot: next queued Job → load the published version if newer → run it → result
+
+Each trajectory records the version its worker held when the episode started (``Trajectory.policy_version``);
+later steps of an episode in flight can come from a newer version, the per-token behaviour logprobs are the
+engine's either way, and the recorded version is the oldest, so staleness is never under-counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from mobilerl.agent.policy import Policy
+from mobilerl.agent.runner import episode_seed, run_episode
+from mobilerl.env.base import TaskSpec
+from mobilerl.env.pool import EnvFactory, EnvPool
+from mobilerl.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class Job:
+    """One episode to run: trial ``trial`` of ``task`` from task draw ``draw`` (its group is (draw, task))."""
+
+    draw: int
+    task: TaskSpec
+    trial: int
+    seed: int
+
+
+class Engine(Protocol):
+    """What a rollout worker generates with: the weights version it holds, a policy per episode (recording that
+    version), and a refresh to a newer version."""
+
+    version: int
+
+    def policy(self, seed: int) -> Policy: ...
+
+    async def load(self, version: int, path: str) -> None: ...
+
+
+class ModelEngine:
+    """An :class:`Engine` over a :class:`~mobilerl.agent.model_policy.ModelPolicy` whose backend holds the model
+    (the HF backend): a new version is loaded in place from the trainer's safetensors file."""
+
+    def __init__(self, policy: Any, version: int = 0) -> None:
+        self._policy = replace(policy, version=str(version))
+        self.version = version
+
+    def policy(self, seed: int) -> Policy:
+        return self._policy.with_seed(seed)
+
+    async def load(self, version: int, path: str) -> None:
+        from safetensors.torch import load_model
+
+        backend = self._policy.backend
+        # on the backend's one model thread (HFBackend's), so the load never runs during one of its batches
+        executor = getattr(backend, "_executor", None)
+        await asyncio.get_running_loop().run_in_executor(
+            executor, functools.partial(load_model, backend.model, path, strict=True))
+        self.version = version
+        self._policy = replace(self._policy, version=str(version))
+
+
+class Published:
+    """The newest weights the trainer has published, version and file, readable by worker threads and by spawned
+    worker processes (shared memory)."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._version = ctx.Value("q", 0)
+        self._path = ctx.Array("c", 4096)
+
+    def set(self, version: int, path: str | Path) -> None:
+        raw = str(path).encode()
+        if len(raw) >= 4096:
+            raise ValueError(f"weights path too long for the workers ({len(raw)} bytes): {path}")
+        with self._version.get_lock():
+            self._path.value = raw
+            self._version.value = version
+
+    def get(self) -> tuple[int, str]:
+        with self._version.get_lock():
+            return int(self._version.value), self._path.value.decode()
+
+    @property
+    def version(self) -> int:
+        return int(self._version.value)
+
+
+async def serve(engine: Engine, make_env: EnvFactory, slots: int, jobs: Any, results: Any, published: Published,
+                stop: Any, worker: int = 0, call_timeout: float | None = 120.0) -> None:
+    """A rollout worker: ``slots`` episodes at a time through an env pool of ``make_env`` workers, each slot
+    taking the next :class:`Job` from ``jobs`` as soon as its episode ends, until ``stop`` is set (episodes in
+    flight are then cancelled). Puts ``("episode", draw, trajectory)`` and ``("load", worker, version, seconds)``
+    on ``results``. ``jobs``/``results`` are ``queue.Queue`` s (worker threads) or ``multiprocessing`` queues."""
+    loop = asyncio.get_running_loop()
+    fetcher = ThreadPoolExecutor(1, thread_name_prefix=f"mobilerl-async-jobs{worker}")
+    fetch_lock, load_lock = asyncio.Lock(), asyncio.Lock()
+
+    async def next_job() -> Job | None:
+        async with fetch_lock:  # one blocking get at a time: a worker takes a job only for a free slot
+            while not stop.is_set():
+                try:
+                    return await loop.run_in_executor(fetcher, functools.partial(jobs.get, timeout=0.05))
+                except queue.Empty:
+                    continue
+        return None
+
+    async def refresh() -> None:
+        if published.version <= engine.version:
+            return
+        async with load_lock:  # one load per version; this worker's other slots wait, the other workers go on
+            version, path = published.get()
+            if version > engine.version:
+                t0 = time.perf_counter()
+                await engine.load(version, path)
+                results.put(("load", worker, version, time.perf_counter() - t0))
+
+    async def slot(pool: EnvPool) -> None:
+        while (job := await next_job()) is not None:
+            await refresh()
+            traj, _ = await run_episode(pool, engine.policy, job.task, job.trial, job.seed)
+            results.put(("episode", job.draw, traj))
+
+    async def stopped() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+
+    try:
+        async with EnvPool(make_env, size=slots, call_timeout=call_timeout, start_concurrency=min(slots, 8)) as pool:
+            running = asyncio.gather(*(slot(pool) for _ in range(slots)))
+            halt = asyncio.ensure_future(stopped())
+            await asyncio.wait([running, halt], return_when=asyncio.FIRST_COMPLETED)
+            for f in (running, halt):
+                f.cancel()
+            await asyncio.gather(running, halt, return_exceptions=True)
+            if running.done() and not running.cancelled() and running.exception() is not None:
+                raise running.exception()  # type: ignore[misc]
+    finally:
+        fetcher.shutdown(wait=False, cancel_futures=True)
+
+
+class Workers:
+    """Rollout workers sharing one job queue, one result queue, the published version and a stop flag."""
+
+    jobs: Any
+    results: Any
+    stop: Any
+
+    def __init__(self) -> None:
+        self.published = Published()
+
+    def publish(self, version: int, path: str | Path) -> None:
+        """Make weights ``version`` (the file ``path``) the one each worker loads before its next episode."""
+        self.published.set(version, path)
+
+    def check(self) -> None:
+        """Raise if a worker died (the run would otherwise wait for its episodes forever)."""
+
+    def halt(self) -> None:
+        """Stop taking jobs and cancel the episodes in flight."""
+        self.stop.set()
+
+    def close(self) -> None:
+        self.halt()
+
+    def run(self, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None = None,
+            version: int = 0) -> tuple[list[Trajectory], float]:
+        """A synchronous round (:class:`~mobilerl.rl.rollout.RolloutWorkers`' interface): ``n`` episodes of every
+        task with weights ``version``, in (task, trial) order, and the slowest worker's load seconds. Seeds are
+        the episode runner's (:func:`~mobilerl.agent.runner.episode_seed`)."""
+        if weights is not None:
+            self.publish(version, weights)
+        todo = [Job(-1, t, j, episode_seed(base_seed, t.task_id, j)) for t in tasks for j in range(n)]
+        for job in todo:
+            self.jobs.put(job)
+        got: dict[tuple[str, int], Trajectory] = {}
+        loads = [0.0]
+        while len(got) < len(todo):
+            try:
+                item = self.results.get(timeout=0.5)
+            except queue.Empty:
+                self.check()
+                continue
+            if item[0] == "load":
+                loads.append(item[3])
+            else:
+                got[(item[2].task_id, item[2].trial)] = item[2]
+        return [got[(t.task_id, j)] for t in tasks for j in range(n)], max(loads)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ThreadWorkers(Workers):
+    """``workers`` rollout workers in threads of this process, each with its own event loop, env pool of ``slots``
+    envs from ``make_env`` and engine ``make_engine(i)`` (built in its thread): for engines that live elsewhere
+    (an inference server) and for tests and benchmarks with simulated ones."""
+
+    def __init__(self, make_engine: Callable[[int], Engine], make_env: EnvFactory, workers: int = 1,
+                 slots: int = 64, call_timeout: float | None = 120.0) -> None:
+        super().__init__()
+        self.jobs: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        build = threading.Lock()  # one engine built at a time: model loading (transformers') is not thread-safe
+
+        def main(i: int) -> None:
+            try:
+                with build:
+                    engine = make_engine(i)
+                asyncio.run(serve(engine, make_env, slots, self.jobs, self.results, self.published, self.stop, i,
+                                  call_timeout))
+            except BaseException as e:  # noqa: BLE001 - reported to the trainer by check()
+                self.errors.append(e)
+
+        self.threads = [threading.Thread(target=main, args=(i,), name=f"mobilerl-rollout{i}", daemon=True)
+                        for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def check(self) -> None:
+        if self.errors:
+            raise RuntimeError(f"a rollout worker thread failed: {self.errors[0]!r}") from self.errors[0]
+        if not self.stop.is_set() and not all(t.is_alive() for t in self.threads):
+            raise RuntimeError("a rollout worker thread ended")
+
+    def close(self) -> None:
+        self.halt()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
+def _process_main(spec: Any, slots: int, jobs: Any, results: Any, published: Published, stop: Any,
+                  worker: int) -> None:
+    from mobilerl.env.pool import InlineEnv
+    from mobilerl.env.sim.env import SimEnv
+    from mobilerl.rl import rollout
+
+    rollout._init_worker(spec)  # the synchronous workers' policy, and an exit when the trainer is killed
+    results.cancel_join_thread()  # at shutdown unsent results may be lost; the process must not hang on them
+    engine = ModelEngine(rollout._WORKER["policy"])
+    asyncio.run(serve(engine, lambda: InlineEnv(SimEnv(render=False, perturb="default")), slots, jobs, results,
+                      published, stop, worker))
+
+
+class ProcessWorkers(Workers):
+    """``processes`` spawned rollout workers, each holding the policy (``PolicySpec``, as the synchronous
+    :class:`~mobilerl.rl.rollout.RolloutWorkers`) and running ``slots`` simulator episodes at a time."""
+
+    def __init__(self, spec: Any, processes: int = 2, slots: int = 64) -> None:
+        super().__init__()
+        ctx = mp.get_context("spawn")
+        self.jobs, self.results, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        self.procs = [ctx.Process(target=_process_main, name=f"mobilerl-rollout{i}", daemon=True,
+                                  args=(spec, slots, self.jobs, self.results, self.published, self.stop, i))
+                      for i in range(processes)]
+        for p in self.procs:
+            p.start()
+
+    def check(self) -> None:
+        dead = [p for p in self.procs if not p.is_alive()]
+        if dead and not self.stop.is_set():
+            raise RuntimeError(f"rollout worker {dead[0].name} died (exit code {dead[0].exitcode})")
+
+    def close(self) -> None:
+        self.halt()
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        self.jobs.cancel_join_thread()
+
+

@@ -1,0 +1,116 @@
+"""AdaGRPO's synchronous loop (MobileRL §2.2, Appendix B.3), one round at a time::
+
+    weights → rollout side;  FCF draws tasks [hooks: tasks drawn] → n rollouts a task (T = 1, token ids +
+    logprobs) → round.collect → [hooks: groups scored, with further draws] → round.learn → checkpoint, curve
+
+:func:`close_round` (checkpoint, timings, curve line, metrics) is the asynchronous loop's too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mobilerl.env.base import TaskSpec
+from mobilerl.rl.checkpoint import save_atomic
+from mobilerl.rl.groups import Group
+from mobilerl.rl.hooks import Hook, RoundContext
+from mobilerl.rl.round import collect, learn
+from mobilerl.seeding import stable_seed
+from mobilerl.trajectory import Trajectory
+
+LogMetrics = Callable[[dict[str, float], int], None]
+
+
+def open_curve(work: Path, start: int) -> tuple[Path, list[dict[str, float]]]:
+    """``work/curve.jsonl`` and its rounds before ``start``, the round a restored checkpoint resumes at (later
+    lines are cut from the file: those rounds run again)."""
+    work.mkdir(parents=True, exist_ok=True)
+    curve_path = work / "curve.jsonl"
+    curve = [json.loads(x) for x in curve_path.read_text().splitlines()] if curve_path.exists() else []
+    curve = [c for c in curve if c["round"] < start]
+    curve_path.write_text("".join(json.dumps(c) + "\n" for c in curve))
+    return curve_path, curve
+
+
+def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve: list[dict[str, float]],
+                curve_path: Path, log_metrics: LogMetrics, before_save: Callable[[], None] | None = None) -> None:
+    """A round's bookkeeping: tokens/s, the resumable checkpoint every ``checkpoint_every`` rounds
+    (``before_save`` first), step and other seconds, the curve line, the metrics."""
+    cfg = trainer.cfg
+    if m.get("train/tokens") and m["time/train_s"] > 0:
+        m["train/tokens_per_s"] = m["train/tokens"] / m["time/train_s"]
+    if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
+        tc = time.perf_counter()
+        if before_save is not None:
+            before_save()
+        save_atomic(trainer.state_dict(), work / "state.pt")
+        m["time/checkpoint_s"] = time.perf_counter() - tc
+    m["time/step_s"] = time.perf_counter() - t0
+    m["time/other_s"] = m["time/step_s"] - sum(m[k] for k in ("time/rollout_s", "time/reward_s", "time/train_s",
+                                                               "time/sync_s"))
+    curve.append(m)
+    with curve_path.open("a") as f:
+        f.write(json.dumps(m) + "\n")
+    log_metrics({k: v for k, v in m.items() if k != "round"}, int(m["round"]))
+
+
+def _episodes(workers: Any, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None,
+              version: int) -> list[Trajectory]:
+    return workers.run(tasks, n, base_seed, weights, version)[0]
+
+
+def further_draw(trainer: Any, ctx: RoundContext, pool: list[TaskSpec], judge: Any, d: int, seen: set[str],
+                 caller: Hook) -> list[Group]:
+    """Draw ``d`` > 0 of round ``ctx.r`` (dynamic sampling's): new tasks outside ``seen``, their rollouts (seeded
+    by (seed, r, d)), rewards and groups, the hooks ahead of ``caller`` applied."""
+    tasks = trainer.sample_tasks([t for t in pool if t.task_id not in seen], ctx.r, draw=d)
+    if not tasks:
+        return []
+    trajs = ctx.rollout(tasks, trainer.settings.samples_per_task, stable_seed(trainer.cfg.seed, "rollout", ctx.r, d))
+    return trainer.hooks.groups_collected(ctx, collect(trainer, ctx, [trajs], judge), before=caller)
+
+
+def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metrics: LogMetrics = lambda m, r: None,
+          progress: bool = True, judge: Any = None) -> list[dict[str, float]]:
+    """Rounds ``trainer.round`` … ``cfg.rounds - 1``; returns every round's metrics (the curve, resumed runs
+    included: earlier rounds come from ``work/curve.jsonl``)."""
+    cfg, s = trainer.cfg, trainer.settings
+    curve_path, curve = open_curve(work, trainer.round)
+    weights = work / "policy.safetensors"
+    bar = tqdm(range(trainer.round, cfg.rounds), initial=trainer.round, total=cfg.rounds, desc="adagrpo",
+               disable=not progress, dynamic_ncols=True)
+    for r in bar:
+        t0 = time.perf_counter()
+        sync_s = 0.0
+        if r > 0 and not getattr(workers, "pushes_weights", False):  # remote engines take a push instead
+            trainer.save_weights(weights)
+            sync_s += time.perf_counter() - t0
+        w = weights if r > 0 else None
+        ctx = RoundContext(r, trainer, trainer.sample_tasks(pool, r),
+                           rollout=functools.partial(_episodes, workers, weights=w, version=r))
+        ctx.draw = functools.partial(further_draw, trainer, ctx, pool, judge)
+        n = trainer.hooks.tasks_drawn(ctx, ctx.tasks) or s.samples_per_task
+        tr = time.perf_counter()
+        trajs, load_s = workers.run(ctx.tasks, n, stable_seed(cfg.seed, "rollout", r), w, r)
+        rollout_s = time.perf_counter() - tr - load_s
+        sync_s += load_s
+        tj = time.perf_counter()
+        groups = collect(trainer, ctx, [trajs], judge)
+        reward_s = time.perf_counter() - tj
+        tp = time.perf_counter()
+        ctx.train = trainer.hooks.groups_collected(ctx, groups)
+        rollout_s += time.perf_counter() - tp  # BEPA's seeding and further draws are rollouts
+        m = learn(trainer, ctx, pool)
+        m |= {"time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/sync_s": sync_s,
+              **getattr(workers, "metrics", dict)()}  # envs/<server>/..., sync/...: the rollout side's
+        close_round(trainer, work, m, t0, curve, curve_path, log_metrics)
+        bar.set_postfix(sr=f"{m['rollout/success']:.3f}", buf=len(trainer.buffer), refresh=False)
+    bar.close()
+    return curve

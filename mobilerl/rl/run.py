@@ -1,0 +1,139 @@
+"""The `rl` stage's entry (:func:`run`): the training pool, the trainer from ``rl.init`` (resumed from ``rl.work``
+when it holds a checkpoint of the same config), the rollout side that ``rl`` configures — local rollout workers
+over the in-process simulator or env servers, remote engines with weight sync, or the asynchronous workers —
+then the loop, and the trained policy written to ``rl.out``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mobilerl.env.base import TaskSpec
+from mobilerl.rl.batch import PromptFormat
+from mobilerl.rl.checkpoint import resume_or_start
+from mobilerl.rl.config import RLConfig
+from mobilerl.rl.loop import LogMetrics, train
+from mobilerl.rl.rollout import PolicySpec, RolloutWorkers
+from mobilerl.rl.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
+    """The train tasks of ``cfg.suite`` (with ``test_half``: that half of its test tasks; and lab/train when
+    ``lab_share`` > 0), per template at most ``tasks_per_template``, of the templates whose test tasks need at most
+    ``templates_max_steps`` optimal steps."""
+    from mobilerl.tasks import halves, load_tasks
+
+    lists = root / "data" / "tasks" / "suites"
+    pool: list[TaskSpec] = []
+    for suite in [cfg.suite, *(["lab"] if cfg.lab_share > 0 and cfg.suite != "lab" else [])]:
+        split = "test" if cfg.test_half is not None and suite == cfg.suite else "train"
+        tasks = load_tasks(suite, split, per_template=cfg.tasks_per_template, root=lists)
+        if split == "test":  # E.5: one half of the test split, the other one evaluates
+            tasks = halves(tasks)[cfg.test_half]
+        if cfg.templates_max_steps is not None:
+            longest: dict[str, int] = defaultdict(int)
+            for t in load_tasks(suite, "test", root=lists):
+                longest[t.template] = max(longest[t.template], t.optimal_steps)
+            tasks = [t for t in tasks if longest.get(t.template, 10**9) <= cfg.templates_max_steps]
+        if not tasks:
+            raise ValueError(f"rl: no {suite}/{split} task passes templates_max_steps={cfg.templates_max_steps}")
+        pool += tasks
+    return pool
+
+
+def policy_spec(cfg: RLConfig, init: Path) -> PolicySpec:
+    """What a rollout worker builds its policy from: the init and the profile's backend and prompt settings."""
+    from mobilerl.models.backends import profile_spec
+    from mobilerl.models.profiles import load_profile
+
+    profile, s = load_profile(cfg.profile), cfg.settings()
+    g = profile.generation
+    return PolicySpec(
+        init=str(init), backend={**profile_spec(profile), **({"max_batch": cfg.max_batch} if cfg.max_batch else {})},
+        obs_mode=g.obs_mode, prompt_style=g.prompt_style, max_history=g.max_history, coords=g.coords,
+        reasoning=cfg.reasoning, temperature=s.temperature, max_new_tokens=s.max_new_tokens,
+        threads=max(1, (os.cpu_count() or 1) // cfg.rollout_processes), concurrency=cfg.rollout_concurrency)
+
+
+def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec], work: Path,
+          log_metrics: LogMetrics, progress: bool, judge: Any) -> list[dict[str, float]]:
+    """The loop over the rollout side ``cfg`` configures."""
+    if cfg.async_ is not None:  # decoupled rollout and training
+        from mobilerl.rl.async_loop import train_async
+        from mobilerl.rl.async_workers import ProcessWorkers
+
+        with ProcessWorkers(spec, cfg.rollout_processes, cfg.rollout_concurrency) as aworkers:
+            return train_async(trainer, aworkers, pool, work, log_metrics, progress, judge)
+    if cfg.engines:
+        from mobilerl.rl.engine import remote_engines
+
+        rollouts: Any = remote_engines(cfg, spec, trainer, work)
+    else:
+        rollouts = RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool)
+    with rollouts as workers:
+        return train(trainer, workers, pool, work, log_metrics, progress, judge)
+
+
+def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
+        progress: bool = True) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """The whole `rl` stage: train from ``cfg.init`` (resuming from ``cfg.work`` when it holds a checkpoint of
+    the same config), write the policy to ``cfg.out``; returns the summary and the curve."""
+    from mobilerl.models import tiny
+    from mobilerl.models.hf_backend import HFBackend
+    from mobilerl.models.profiles import load_profile
+
+    torch.manual_seed(cfg.seed)
+    g = load_profile(cfg.profile).generation
+    init = root / cfg.init
+    work, out = root / cfg.work, root / cfg.out
+    fmt = PromptFormat(g.obs_mode, g.prompt_style, g.max_history, g.coords, cfg.reasoning)
+    backend = HFBackend.from_pretrained(init, device=cfg.device, fast_prefill=False, prefix_cache_tokens=0)
+    trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt)
+    if trainer.dp is not None and trainer.dp.rank != 0:
+        trainer.follow()  # the updates, checkpoints and weight gathers rank 0 runs; then rank 0 stops it
+        return {}, []
+    pool = training_pool(cfg, root)
+    if not resume_or_start(trainer, work) and cfg.curriculum_init:
+        trainer.curriculum.load_state_dict(json.loads((root / cfg.curriculum_init).read_text()))
+    judge = None
+    if cfg.reward_model:
+        from mobilerl.reward.judge import RewardModel
+
+        judge = RewardModel.from_checkpoint(root / cfg.reward_model)
+    t0 = time.perf_counter()
+    curve = _loop(cfg, trainer, policy_spec(cfg, init), pool, work, log_metrics, progress, judge)
+    wall = time.perf_counter() - t0
+    if out.exists():
+        shutil.rmtree(out)
+    recorded = json.loads((init / "tiny.json").read_text()) if (init / "tiny.json").exists() else None
+    with trainer.gathered():
+        if recorded is not None:
+            tiny.save(trainer.model, backend.processor, out, extra={**recorded, "adagrpo_of": cfg.init})
+        else:
+            trainer.model.save_pretrained(out)
+            backend.processor.save_pretrained(out)
+    if trainer.dp is not None:
+        trainer.dp.stop()
+    (out / "curriculum.json").write_text(json.dumps(trainer.curriculum.state_dict(), indent=1) + "\n")
+    # the resume state holds the replay buffer's trajectories (exact prompts and sampled tokens): it lives only
+    # while the run can still be resumed
+    for name in ("state.pt", "policy.safetensors"):
+        (work / name).unlink(missing_ok=True)
+    first = [c["rollout/success"] for c in curve[:5]]
+    last = [c["rollout/success"] for c in curve[-5:]]
+    return {"rounds": len(curve), "pool": len(pool), "wall_s": wall, "init": cfg.init,
+            "success_first5": float(np.mean(first)) if first else 0.0,
+            "success_last5": float(np.mean(last)) if last else 0.0,
+            "curriculum_removed": sum(trainer.curriculum.removed(t.task_id) for t in pool),
+            "buffer_size": len(trainer.buffer)}, curve
