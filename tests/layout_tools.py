@@ -204,6 +204,23 @@ def package_graph() -> dict[str, dict[str, str]]:
     return graph
 
 
+def module_graph(folder: str) -> dict[str, dict[str, str]]:
+    """File-level import graph among the modules of ``mobilerl/<folder>/`` (``{module: {module: "file imports
+    module"}}``, names relative to the folder; function-level imports included)."""
+    base = ROOT / "mobilerl" / folder
+    prefix = f"mobilerl.{folder.replace('/', '.')}."
+    graph: dict[str, dict[str, str]] = {}
+    for path in sorted(base.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        src = path.stem
+        edges = graph.setdefault(src, {})
+        for mod in sorted(imports_of(path)):
+            if mod.startswith(prefix) and "." not in mod[len(prefix):] and mod[len(prefix):] != src:
+                edges.setdefault(mod[len(prefix):], f"{rel(path)} imports {mod}")
+    return graph
+
+
 def find_cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
     """One cycle of ``graph`` as a node list (first node repeated at the end), or None."""
     state: dict[str, int] = {}  # 1 on the DFS stack, 2 done

@@ -13,6 +13,7 @@ from layout_tools import (
     dvc_stages,
     find_cycle,
     imports_of,
+    module_graph,
     out_paths,
     package_graph,
     path_between,
@@ -22,6 +23,7 @@ from layout_tools import (
 
 MAX_STAGE_LINES = 160
 MAX_LIBRARY_LINES = 800
+MAX_RL_LINES = 400  # an rl/ file reads top to bottom
 MAX_PARAMS_COMMENT_PCT = 30
 MAX_DOCS_FILES = 25
 
@@ -71,6 +73,18 @@ def test_package_graph_has_no_cycles():
     graph.pop("cli", None)  # the CLI sits on top of everything
     cycle = find_cycle(graph)
     _check([describe(graph, cycle)] if cycle else [], "mobilerl package import cycle (cli.py left out):")
+
+
+def test_rl_files_import_one_way():
+    graph = module_graph("rl")
+    cycle = find_cycle(graph)
+    _check([describe(graph, cycle)] if cycle else [], "mobilerl/rl/ file import cycle (lazy imports included):")
+
+
+def test_rl_files_within_budget():
+    long = [f"{rel(p)}: {n} lines" for p in sorted((ROOT / "mobilerl" / "rl").glob("*.py"))
+            if (n := _lines(p)) > MAX_RL_LINES]
+    _check(long, f"mobilerl/rl/ files over {MAX_RL_LINES} lines:")
 
 
 def test_trajectory_schema_is_the_bottom_layer():

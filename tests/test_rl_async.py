@@ -27,8 +27,8 @@ from mobilerl.rl.async_loop import drop_stale, train_async
 from mobilerl.rl.async_workers import Job, ThreadWorkers
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.loss import policy_loss, tis_weights
 from mobilerl.rl.loop import train
+from mobilerl.rl.loss import policy_loss, tis_weights
 from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import Trajectory
 

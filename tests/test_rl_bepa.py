@@ -17,7 +17,14 @@ from mobilerl.eval.runner import evaluate_sync
 from mobilerl.models.generation import SamplingConfig
 from mobilerl.models.hf_backend import HFBackend
 from mobilerl.rl.batch import PromptFormat, collate, rows_logprobs, step_requests, trajectory_rows
-from mobilerl.rl.bepa import BEPA, PLAN_HEADER, oracle_plan, plan_instruction, relogprob, replace_first_failure
+from mobilerl.rl.bepa import (
+    BEPA,
+    PLAN_HEADER,
+    oracle_plan,
+    plan_instruction,
+    relogprob,
+    replace_first_failure,
+)
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.groups import Group, score_groups
 from mobilerl.rl.loop import train

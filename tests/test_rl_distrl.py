@@ -185,6 +185,38 @@ def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
     assert e.nll_mean == pytest.approx(float(np.mean([-sum(x) for x in cur])), rel=1e-4)
 
 
+def test_with_bepa_on_too_the_drawn_entry_is_refreshed_from_its_own_rows(sampled):
+    """BEPA's injected success is off-policy (an older policy sampled it) and comes after DPER's draw: the drawn
+    entry's ρ̄ and H̄ must still come from the drawn trajectory's rows."""
+    from mobilerl.rl.batch import collate, rows_logprobs, trajectory_rows
+    from mobilerl.rl.groups import Group, score_groups
+
+    backend, trajs = sampled
+    traj = max(trajs, key=lambda t: sum(1 for s in t.steps if s.token_ids))
+    old = _older(traj, [0.3, -0.2, 0.1])
+    trainer = _trainer(backend, distrl={"replay_share": 1.0}, bepa={}, adapr=False)
+    distrl = trainer.hooks.get("distrl")
+    distrl.buffer.push(old, 1.5, 1.0, 1.0, round=0)
+    injected = _older(trajs[-1], [-1.0])  # its logprobs far from the current policy's
+    injected.success, injected.reward, injected.policy_version = True, 1.0, "0"
+    failed = Trajectory.from_dict(trajs[0].to_dict())
+    failed.success, failed.reward, failed.policy_version = False, 0.0, "3"
+    group = Group(injected.task_id, [injected, failed])
+    score_groups([group], 1.0, None, torch.Generator().manual_seed(0))
+    rows, m = trainer.batch([group], 3)
+    assert m["distrl/replayed"] == 1 and sum(not r.on_policy for r in rows) > sum(1 for s in old.steps if s.token_ids)
+    plain = trajectory_rows(old, 1.5, trainer.fmt, backend.prompt_ids, on_policy=False)
+    with torch.no_grad():
+        cur = [rows_logprobs(trainer.model, collate([r], backend.pad_id), 1.0)[0][0, : len(r.response_ids)].tolist()
+               for r in plain]
+    log_rho = torch.tensor([sum(c) - sum(r.behaviour_logprobs) for c, r in zip(cur, plain, strict=True)],
+                           dtype=torch.float64)
+    e = distrl.buffer.entries[0]
+    assert e.trajectory is old
+    assert e.rho_mean == pytest.approx(float(torch.exp(log_rho.clamp(max=0.0)).mean()), rel=1e-4)
+    assert e.nll_mean == pytest.approx(float(np.mean([-sum(x) for x in cur])), rel=1e-4)
+
+
 def test_fresh_signal_enters_adapr_replays_are_not_drawn_twice_and_the_buffer_resumes(sampled):
     from mobilerl.rl.groups import make_groups, score_groups
 
@@ -201,7 +233,7 @@ def test_fresh_signal_enters_adapr_replays_are_not_drawn_twice_and_the_buffer_re
     assert len(trainer.buffer) == 1
     _, m = trainer.batch([], 1)
     assert m["buffer/replayed"] == 1 and m["distrl/replayed"] == 1 and m["train/trajectories"] == 2
-    drawn = trainer.hooks.get("distrl").buffer.entries[trainer.hooks.get("distrl").drawn[0]].trajectory
+    drawn = trainer.hooks.get("distrl").drawn[0][1]
     assert drawn.trial != trainer.buffer.entries[0].trajectory.trial
     restored = _trainer(backend, distrl={"replay_share": 1.0})
     restored.load_state_dict(trainer.state_dict())

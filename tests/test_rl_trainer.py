@@ -30,8 +30,8 @@ from mobilerl.rl.batch import (
     trajectory_rows,
 )
 from mobilerl.rl.config import RLConfig
+from mobilerl.rl.groups import RoundError, judge_rewards, make_groups, round_metrics, score_groups
 from mobilerl.rl.loss import policy_loss
-from mobilerl.rl.groups import judge_rewards, make_groups, score_groups
 from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import Trajectory
 
@@ -155,16 +155,34 @@ def test_reference_logprobs_are_computed_once_and_kept_with_a_buffered_trajector
 
 
 def test_env_failures_are_dropped_not_scored_and_all_failed_groups_give_no_loss():
-    def traj(task, success, error=None):
-        return Trajectory(task_id=task, success=success, reward=float(success), error=error,
-                          steps=[], finished=True)
+    def traj(task, success, kind=None):
+        t = Trajectory(task_id=task, success=success, reward=float(success), steps=[], finished=kind is None)
+        if kind in ("env", "policy"):
+            t.fail(kind, "EnvCrashed: worker died" if kind == "env" else "PolicyError: no screenshot")
+        elif kind is not None:
+            t.error_kind = kind
+        return t
 
-    groups, dropped = make_groups([traj("a", True), traj("a", False, "env: EnvCrashed: worker died"),
-                                   traj("a", False), traj("b", False), traj("b", False, "policy: boom")])
+    groups, dropped = make_groups([traj("a", True), traj("a", False, "env"), traj("a", False),
+                                   traj("b", False, "budget"), traj("b", False, "parse")])
     assert dropped == 1 and [len(g.trajectories) for g in groups] == [2, 2]
+    assert round_metrics(groups, dropped)["rollout/budget_spent"] == 1.0
+    assert round_metrics(groups, dropped)["rollout/parse_failures"] == 1.0
     score_groups(groups, 1.0, 2.0, torch.Generator().manual_seed(0))
     assert groups[0].advantages[0] > 0 > groups[0].advantages[1]
     assert groups[1].keep == [0.0, 0.0] and groups[1].advantages == [0.0, 0.0]
+    # a policy that cannot run is a configuration fault: the round stops and says which episode and why
+    with pytest.raises(RoundError, match=r"1 of 3 episodes could not run the policy, e.g. b trial 0: policy: "
+                                         r"PolicyError: no screenshot"):
+        make_groups([traj("a", True), traj("a", False), traj("b", False, "policy")])
+
+
+def test_a_stored_record_without_an_error_kind_takes_it_from_its_message():
+    t = Trajectory.from_dict({"task_id": "a", "error": "policy: RuntimeError: engine down"})
+    assert t.error_kind == "policy"
+    assert Trajectory.from_dict({"task_id": "a", "error": "env: EnvCrashed"}).error_kind == "env"
+    with pytest.raises(ValueError, match="error_kind 'weird'"):
+        Trajectory.from_dict({"task_id": "a", "error_kind": "weird"})
 
 
 def test_hidden_verifier_episodes_take_the_judges_verdict_and_lab_share_splits_the_round():

@@ -85,13 +85,14 @@ def test_invalid_steps_spend_the_budget():
     assert traj.n_invalid == 6 and inner.steps == 0
     assert not traj.finished and not traj.success and traj.reward == 0.0
     assert classify_failure(traj) == "invalid_actions"
+    assert traj.error_kind == "parse" and traj.error is None  # nothing parsed: the policy's failure, not a fault
 
 
 def test_success_needs_finish():
     # CounterEnv's verifier passes once the count is reached, but the agent never finishes.
     traj = run(rollout(ThreadEnv(CounterEnv()), ScriptedPolicy([TAP], repeat_last=True), counter_task(1)))
     assert traj.reward == 1.0 and not traj.finished and not traj.success
-    assert traj.n_steps == 10
+    assert traj.n_steps == 10 and traj.error_kind == "budget"
     assert all(s.changed for s in traj.steps)  # each tap bumps the counter: progress, not a loop
     assert classify_failure(traj) == "never_finished"
 
@@ -142,7 +143,7 @@ class CrashingEnv:
 @pytest.mark.parametrize("fail", ["reset", "step", "evaluate"])
 def test_env_errors_end_the_trajectory_without_raising(fail):
     traj = run(rollout(CrashingEnv(fail=fail), ScriptedPolicy([TAP], repeat_last=True), counter_task(3)))
-    assert traj.error is not None and traj.error.startswith("env: ")
+    assert traj.error is not None and traj.error.startswith("env: ") and traj.error_kind == "env"
     assert not traj.success and traj.reward is None
     if fail == "reset":
         assert traj.steps == [] and "EnvError: unknown task id" in traj.error
@@ -155,6 +156,7 @@ def test_env_errors_end_the_trajectory_without_raising(fail):
 def test_policy_failure_is_recorded():
     traj = run(rollout(ThreadEnv(CounterEnv()), ScriptedPolicy([TAP]), counter_task(3)))
     assert traj.error is not None and traj.error.startswith("policy: PolicyError")
+    assert traj.error_kind == "policy"
     assert traj.n_steps == 1 and classify_failure(traj) == "policy_error"
 
 

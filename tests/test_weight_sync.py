@@ -350,9 +350,9 @@ def test_rl_rounds_roll_out_through_remote_engines(tmp_path, transport):
     from mobilerl.rl.batch import PromptFormat, trajectory_rows
     from mobilerl.rl.config import RLConfig
     from mobilerl.rl.engine import remote_engines
-    from mobilerl.rl.rollout import PolicySpec
     from mobilerl.rl.loop import train
-from mobilerl.rl.trainer import Trainer
+    from mobilerl.rl.rollout import PolicySpec
+    from mobilerl.rl.trainer import Trainer
 
     base = ROOT / "models" / "tiny-base"
     engine = HFBackend.from_pretrained(base, device="cpu", max_batch=8)
@@ -367,7 +367,7 @@ from mobilerl.rl.trainer import Trainer
         spec = PolicySpec(init=str(base), backend={}, obs_mode="xml", prompt_style="compact", max_history=4,
                           coords="marks", reasoning=False, temperature=1.0, max_new_tokens=16, concurrency=8)
         rounds: list[tuple[int | None, set, float]] = []
-        with remote_engines(cfg, spec, trainer.model, tmp_path / "work") as workers:
+        with remote_engines(cfg, spec, trainer, tmp_path / "work") as workers:
             run = workers.run
 
             def checked_run(tasks, n, base_seed, weights=None, version=0):

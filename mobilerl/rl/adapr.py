@@ -65,8 +65,7 @@ class PositiveReplay(Generic[T]):
         return sum(round - e.round for e in self.entries) / len(self.entries) if self.entries else 0.0
 
     def state_dict(self, encode: Callable[[T], Any] = lambda t: t) -> dict[str, Any]:
-        return {"capacity": self.capacity, "kappa": self.kappa, "gamma": self.gamma,
-                "entries": [{"trajectory": encode(e.trajectory), "advantage": e.advantage, "round": e.round}
+        return {"entries": [{"trajectory": encode(e.trajectory), "advantage": e.advantage, "round": e.round}
                             for e in self.entries]}
 
     def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], T] = lambda t: t) -> None:

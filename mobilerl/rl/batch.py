@@ -190,8 +190,9 @@ def rows_policy_stats(model: Any, rows: Sequence[Row], pad_id: int, temperature:
     where = {id(r): i for i, r in enumerate(rows)}
     logps: list[list[float]] = [[] for _ in rows]
     ents: list[list[float]] = [[] for _ in rows]
+    device = next(model.parameters()).device
     for mb in micro_batches(rows, max_tokens):
-        lp, ent = rows_logprobs(model, collate(mb, pad_id), temperature, entropy=True)
+        lp, ent = rows_logprobs(model, collate(mb, pad_id, device), temperature, entropy=True)
         for r, a, e in zip(mb, lp.tolist(), ent.tolist(), strict=True):
             k = len(r.response_ids)
             logps[where[id(r)]], ents[where[id(r)]] = a[:k], e[:k]
