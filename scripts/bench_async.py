@@ -30,6 +30,7 @@ import json
 import random
 import tempfile
 import threading
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,11 +44,14 @@ from mobilerl.env.base import Observation, StepResult, TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.models.generation import MicroBatcher
 from mobilerl.rl.async_loop import train_async
-from mobilerl.rl.async_workers import ThreadWorkers
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import train
 from mobilerl.rl.trainer import Trainer
+
+# the thread workers are a test helper (simulated engines in this process), shared with tests/test_rl_async.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from rl_workers import ThreadWorkers  # noqa: E402
 
 TAP_TEXT = format_action(Action(TAP, element=BUTTON))
 FINISH_TEXT = format_action(Action(FINISH, message="done"))

@@ -24,7 +24,8 @@ from mobilerl.env.base import TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.models.generation import ChatRequest
 from mobilerl.rl.async_loop import drop_stale, train_async
-from mobilerl.rl.async_workers import Job, ThreadWorkers
+from mobilerl.rl.async_workers import Job
+from rl_workers import ThreadWorkers
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import train

@@ -198,7 +198,7 @@ class BEPA(Hook):
     def groups_collected(self, ctx: RoundContext, groups: list[Any]) -> tuple[list[Any], Metrics]:
         if ctx.rollout is None:
             raise ValueError("rl.bepa needs the synchronous loop's rollouts (its seeding runs episodes)")
-        return self.assimilate(groups, ctx.tasks, ctx.r, ctx.rollout, relogprob(ctx.trainer))
+        return self.assimilate(groups, ctx.pool, ctx.r, ctx.rollout, relogprob(ctx.trainer))  # any draw's tasks
 
     def state_dict(self) -> dict[str, Any]:
         return {"cache": {k: t.to_dict() for k, t in self.cache.items()}, "seeded": sorted(self.seeded)}

@@ -31,7 +31,7 @@ PerTraj = list[tuple[Trajectory, list[Row]]]
 
 @dataclass
 class RoundContext:
-    """What the hooks see of round ``r``. ``trainer`` is the :class:`~mobilerl.rl.trainer.Trainer` (model,
+    """What the hooks see of round ``r``: its first draw's ``tasks`` out of ``pool``. ``trainer`` is the :class:`~mobilerl.rl.trainer.Trainer` (model,
     settings, prompt format); ``rollout(tasks, n, base_seed)`` runs episodes with this round's weights (the
     synchronous loop's only; None in the asynchronous loop); ``draw(d, seen)`` is a further draw of the round (new
     tasks, their episodes, rewards and groups, the hooks before the caller applied), its on-policy groups added to
@@ -41,6 +41,7 @@ class RoundContext:
     r: int
     trainer: Any
     tasks: list[TaskSpec] = field(default_factory=list)
+    pool: list[TaskSpec] = field(default_factory=list)
     rollout: Callable[[Sequence[TaskSpec], int, int], list[Trajectory]] | None = None
     draw: Callable[[int, set[str], Any], list[Group]] | None = None
     groups: list[Group] = field(default_factory=list)

@@ -93,7 +93,7 @@ def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metr
             trainer.save_weights(weights)
             sync_s += time.perf_counter() - t0
         w = weights if r > 0 else None
-        ctx = RoundContext(r, trainer, trainer.sample_tasks(pool, r),
+        ctx = RoundContext(r, trainer, trainer.sample_tasks(pool, r), pool,
                            rollout=functools.partial(_episodes, workers, weights=w, version=r))
         ctx.draw = functools.partial(further_draw, trainer, ctx, pool, judge)
         n = trainer.hooks.tasks_drawn(ctx, ctx.tasks) or s.samples_per_task
