@@ -28,9 +28,9 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import tempfile
 import threading
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -15,9 +15,8 @@ import asyncio
 import functools
 import multiprocessing as mp
 import queue
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
