@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from rl_tasks import short_tasks, stage_root
+from rl_workers import ThreadWorkers
 
 from mobilerl.agent.policy import PolicyOutput
 from mobilerl.env.actions import FINISH, TAP, Action, format_action
@@ -25,7 +26,6 @@ from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.models.generation import ChatRequest
 from mobilerl.rl.async_loop import drop_stale, train_async
 from mobilerl.rl.async_workers import Job
-from rl_workers import ThreadWorkers
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import train
