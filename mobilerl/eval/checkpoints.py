@@ -72,9 +72,9 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
                    processes: int | None = None, concurrency: int | None = None,
                    backend_overrides: dict[str, Any] | None = None, **kwargs: Any) -> list:
     """The episodes of checkpoint ``name`` on ``tasks`` in ``processes`` (default ``model_processes``) worker
-    processes (:func:`mobilerl.eval.evaluate_in_processes`), ``concurrency`` episodes in flight in each (default
+    processes (:func:`mobilerl.eval.runner.evaluate_in_processes`), ``concurrency`` episodes in flight in each (default
     ``model_concurrency`` shared out; ``backend_overrides`` as for :func:`checkpoint_policy`); ``kwargs`` go to
-    :func:`mobilerl.eval.evaluate`."""
+    :func:`mobilerl.eval.runner.evaluate`."""
     n = processes or cfg.model_processes
     threads = max(1, (os.cpu_count() or 1) // n)
     factory = functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root), backend_overrides)
