@@ -35,6 +35,19 @@ def make_policy_factory(name: str, cfg: EvaluateConfig, root: Path = ROOT) -> tu
     return checkpoint_policy(name, cfg.checkpoints[name], cfg, root).with_seed, cfg.model_concurrency
 
 
+def obs_mode_of(name: str, cfg: EvaluateConfig) -> str:
+    """The observation mode ``name``'s episodes run in: its profile's ``generation.obs_mode`` for a checkpoint, XML
+    for the baselines (they read the XML only), so the envs render screenshots exactly when the policy reads them."""
+    if name not in cfg.checkpoints:
+        return "xml"
+    from mobilerl.models.profiles import load_profile
+
+    try:
+        return load_profile(cfg.profile).generation.obs_mode
+    except KeyError as e:
+        raise ValueError(f"evaluate.profile: {e.args[0]}") from None
+
+
 def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root: Path = ROOT,
                       backend_overrides: dict[str, Any] | None = None):
     """A :class:`~mobilerl.agent.model_policy.ModelPolicy` over the checkpoint, with the profile's backend
@@ -81,7 +94,7 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
     return evaluate_in_processes(factory, tasks,
                                  processes=n, threads=threads, n_trials=cfg.n_trials,
                                  concurrency=concurrency or max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
-                                 base_seed=cfg.seed, **kwargs)
+                                 obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed, **kwargs)
 
 
 def policy_tasks(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig) -> list[TaskSpec]:
