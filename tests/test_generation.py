@@ -681,6 +681,10 @@ def test_make_backend_builds_and_names_bad_keys(ckpt, monkeypatch):
         make_backend({"kind": "openai"})
     with pytest.raises(ValueError, match="generation.kind must be one of"):
         make_backend({"kind": "tgi"})
+    with pytest.raises(ValueError, match="generation.prefix_cache_tokens: Input should be greater than or equal to 0"):
+        make_backend({"kind": "hf", "model": str(ckpt), "prefix_cache_tokens": -1})
+    with pytest.raises(ValueError, match="generation.fast_prefil: unknown key for kind 'hf'"):
+        make_backend({"kind": "hf", "model": str(ckpt), "fast_prefil": False})
     with pytest.raises(ValueError, match="NOPE_KEY"):
         make_backend({"kind": "openai", "base_url": "http://x", "api_key_env": "NOPE_KEY"})
     from mobilerl.models.vllm_backend import vllm_available

@@ -5,7 +5,8 @@
     make_backend({"kind": "vllm", "model": "/models/Qwen2.5-VL-7B-Instruct", "tensor_parallel_size": 1})
     make_backend(profile_spec(load_profile("tiny")))
 
-Each kind accepts exactly the keys below; an unknown key or a missing required one is an error naming it.
+Each kind accepts exactly the fields of its typed spec (:class:`HFSpec`, :class:`OpenAISpec`, :class:`VLLMSpec`);
+an unknown key, a missing required one or a bad value is an error naming it.
 API keys are never put in configs: ``api_key_env`` names the environment variable holding one.
 """
 
@@ -13,60 +14,104 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mobilerl.models.generation import GenerationBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# kind -> (required keys, optional keys with what they mean)
-KEYS: dict[str, tuple[frozenset[str], dict[str, str]]] = {
-    "hf": (
-        frozenset({"model"}),
-        {
-            "max_batch": "most requests per generate call (micro-batcher)",
-            "batch_wait_ms": "how long a batch waits for more requests",
-            "device": "cpu / cuda (default: cuda when available)",
-            "dtype": "fp32 / bf16 / fp16 / auto",
-            "prefix_cache_tokens": "keys/values of recent prompts kept for prefix reuse (0: off)",
-            "speculate_tokens": "tokens guessed by prompt lookup per greedy row in a batch's tail (0: off)",
-            "speculate_rows": "speculate once at most this many rows are left in a batch",
-            "line_token_cache": "prompt lines whose token ids are kept (0: tokenize every prompt whole)",
-            "prefill_draft": "answer tokens guessed from recent answers and checked in a greedy row's prefill (0: off)",
-            "batch_draft": "near-certain next tokens (from recent answers) checked in every decoding forward (0: off)",
-            "name": "backend name recorded in trajectories",
-        },
-    ),
-    "openai": (
-        frozenset({"base_url"}),
-        {
-            "model": "served model name (default: the server's first)",
-            "api_key_env": "environment variable holding the API key",
-            "timeout": "seconds per HTTP request",
-            "max_retries": "retries after connection errors / 429 / 5xx",
-            "max_concurrency": "requests in flight from this client",
-            "vllm_extensions": "use vLLM's extensions (token ids, prompt_logprobs for score)",
-            "name": "backend name recorded in trajectories",
-        },
-    ),
-    "vllm": (
-        frozenset({"model"}),
-        {
-            "tensor_parallel_size": "GPUs per engine",
-            "max_model_len": "context length",
-            "dtype": "fp32 / bf16 / fp16 / auto",
-            "gpu_memory_utilization": "share of GPU memory for weights + KV cache",
-            "seed": "engine seed",
-            "max_batch": "most requests per LLM.generate call (micro-batcher)",
-            "batch_wait_ms": "how long a batch waits for more requests",
-            "image_min_pixels": "image processor min pixels",
-            "image_max_pixels": "image processor max pixels",
-            "max_images": "images per prompt",
-            "name": "backend name recorded in trajectories",
-            "engine_kwargs": "other vllm.LLM arguments",
-        },
-    ),
-}
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HFOptions(_Strict):
+    """The HF backend's tunables (:class:`~mobilerl.models.hf_backend.HFBackend`), as a profile's ``generation.hf``
+    section sets them. Defaults are the backend's own; only the keys given reach it."""
+
+    device: str | None = Field(None, description="Torch device, cpu or cuda (default: cuda when available).")
+    batch_wait_ms: float = Field(5.0, ge=0, description="How long a batch waits for more requests after the first.")
+    fast_prefill: bool = Field(True, description="Prefill text-only prompts of a Qwen2-VL model through the lean "
+                                                 "TextPrefill (same logits, ~1.2x faster on the tiny model).")
+    prefix_cache_tokens: int = Field(65536, ge=0, description="Positions of recent prompts' keys/values kept to "
+                                                              "prefill only a new prompt's unshared tail (0: off).")
+    speculate_tokens: int = Field(16, ge=0, description="Tokens a greedy row guesses by prompt lookup in a batch's "
+                                                        "tail, checked in the same forward (0: off).")
+    speculate_rows: int = Field(8, ge=0, description="Prompt-lookup speculation starts once at most this many rows "
+                                                     "are left in the batch.")
+    line_token_cache: int = Field(65536, ge=0, description="Prompt lines whose token ids are cached for line-by-line "
+                                                           "tokenizing where that is exact (0: tokenize whole).")
+    prefill_draft: int = Field(8, ge=0, description="First answer tokens guessed from recent answers and checked in a "
+                                                    "greedy row's prefill (0: off).")
+    batch_draft: int = Field(4, ge=0, description="Near-certain next tokens (from recent answers) checked in every "
+                                                  "decoding forward of a greedy row (0: off).")
+
+
+class HFSpec(HFOptions):
+    kind: Literal["hf"] = Field(description="Generation backend.")
+    model: str = Field(description="Model directory (absolute, or relative to the repo).")
+    name: str | None = Field(None, description="Backend name recorded in trajectories (default: the directory's).")
+    dtype: Literal["fp32", "bf16", "fp16", "auto"] | None = Field(
+        None, description="Inference dtype (default: fp32 on CPU, the checkpoint's on GPU).")
+    max_batch: int = Field(16, ge=1, description="Most requests per generate call (micro-batcher).")
+
+
+class OpenAISpec(_Strict):
+    kind: Literal["openai"] = Field(description="Generation backend.")
+    base_url: str = Field(description="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
+    model: str | None = Field(None, description="Served model name (default: the server's first).")
+    api_key_env: str | None = Field(None, description="Environment variable holding the API key.")
+    timeout: float | None = Field(None, gt=0, description="Seconds per HTTP request.")
+    max_retries: int | None = Field(None, ge=0, description="Retries after connection errors / 429 / 5xx.")
+    max_concurrency: int | None = Field(None, ge=1, description="Requests in flight from this client.")
+    vllm_extensions: bool | None = Field(None, description="Use vLLM's extensions (token ids, prompt_logprobs).")
+    name: str | None = Field(None, description="Backend name recorded in trajectories.")
+
+
+class VLLMSpec(_Strict):
+    kind: Literal["vllm"] = Field(description="Generation backend.")
+    model: str = Field(description="Model directory (absolute, or relative to the repo).")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs per engine.")
+    max_model_len: int | None = Field(None, ge=1, description="Context length.")
+    dtype: Literal["fp32", "bf16", "fp16", "auto"] | None = Field(None, description="Inference dtype.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of GPU memory for weights "
+                                                                               "and KV cache.")
+    seed: int | None = Field(None, description="Engine seed.")
+    max_batch: int | None = Field(None, ge=1, description="Most requests per LLM.generate call (micro-batcher).")
+    batch_wait_ms: float | None = Field(None, ge=0, description="How long a batch waits for more requests.")
+    image_min_pixels: int | None = Field(None, ge=1, description="Image processor min pixels.")
+    image_max_pixels: int | None = Field(None, ge=1, description="Image processor max pixels.")
+    max_images: int | None = Field(None, ge=1, description="Images per prompt.")
+    name: str | None = Field(None, description="Backend name recorded in trajectories.")
+    engine_kwargs: dict[str, Any] | None = Field(None, description="Other vllm.LLM arguments.")
+
+
+SPECS: dict[str, type[_Strict]] = {"hf": HFSpec, "openai": OpenAISpec, "vllm": VLLMSpec}
+
+
+def validate_spec(spec: Any) -> _Strict:
+    """``spec`` as its kind's typed model; ``ValueError`` names the bad or missing key (``generation.<key>``)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"generation spec must be a dict, got {type(spec).__name__}")
+    kind = spec.get("kind")
+    if kind not in SPECS:
+        raise ValueError(f"generation.kind must be one of {sorted(SPECS)}, got {kind!r}")
+    model = SPECS[kind]
+    try:
+        return model.model_validate(spec)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key for kind {kind!r} (known: {', '.join(sorted(model.model_fields))})"
+            elif err["type"] == "missing":
+                msg = f"required for kind {kind!r}"
+            else:
+                msg = err["msg"]
+            problems.append(f"generation.{key}: {msg}")
+        raise ValueError("; ".join(problems)) from None
 
 
 def _model_path(value: Any) -> Path:
@@ -76,24 +121,14 @@ def _model_path(value: Any) -> Path:
 
 def make_backend(spec: dict[str, Any]) -> GenerationBackend:
     """A backend from ``spec`` (see the module docstring); ``ValueError`` names a bad or missing key."""
-    if not isinstance(spec, dict):
-        raise ValueError(f"generation spec must be a dict, got {type(spec).__name__}")
-    kind = spec.get("kind")
-    if kind not in KEYS:
-        raise ValueError(f"generation.kind must be one of {sorted(KEYS)}, got {kind!r}")
-    required, optional = KEYS[kind]
-    args = {k: v for k, v in spec.items() if k != "kind"}
-    unknown = sorted(set(args) - required - set(optional))
-    if unknown:
-        raise ValueError(
-            f"generation.{unknown[0]}: unknown key for kind {kind!r} (known: {', '.join(sorted(required | set(optional)))})"
-        )
-    missing = sorted(required - set(args))
-    if missing:
-        raise ValueError(f"generation.{missing[0]}: required for kind {kind!r}")
+    opts = validate_spec(spec)
+    kind = spec["kind"]
+    args = opts.model_dump(exclude_unset=True, exclude={"kind"})  # unset keys: the backend's own defaults
     if kind == "hf":
         from mobilerl.models.hf_backend import HFBackend
 
+        if args.get("name") is None:
+            args.pop("name", None)
         return HFBackend.from_pretrained(_model_path(args.pop("model")), **args)
     if kind == "vllm":
         from mobilerl.models.vllm_backend import VLLMBackend
@@ -119,6 +154,8 @@ def profile_spec(profile: Any) -> dict[str, Any]:
         return {"kind": "openai", "base_url": g.base_url}
     spec: dict[str, Any] = {"kind": g.kind, "model": str(profile.weights_path), "dtype": profile.inference_dtype,
                             "max_batch": g.max_batch}
+    if g.kind == "hf":
+        spec.update(g.hf.model_dump(exclude_unset=True))
     if g.kind == "vllm":
         spec.update(tensor_parallel_size=g.tensor_parallel_size, image_min_pixels=profile.image_min_pixels,
                     image_max_pixels=profile.image_max_pixels)
