@@ -113,8 +113,9 @@ def test_every_hf_backend_option_is_reachable_from_a_profile(tmp_path, monkeypat
     from tiny_checkpoint import build
 
     import mobilerl.models.profiles as profiles
-    from mobilerl.models.backends import HFOptions, make_backend, profile_spec
+    from mobilerl.models.backends import make_backend, profile_spec
     from mobilerl.models.hf_backend import HFBackend
+    from mobilerl.models.options import HFOptions
 
     init = {k: p.default for k, p in inspect.signature(HFBackend.__init__).parameters.items()
             if p.kind is p.KEYWORD_ONLY}

@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mobilerl.models.backends import HFOptions
+from mobilerl.models.options import HFOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "configs" / "models"
@@ -92,7 +92,7 @@ class GenerationSettings(_Strict):
     max_model_len: int | None = Field(None, description="vLLM context length.")
     base_url: str | None = Field(None, description="OpenAI-compatible server (kind=openai).")
     hf: HFOptions = Field(default_factory=HFOptions, description="HF backend options (kind=hf): prefill, caches, "
-                                                                 "speculation (mobilerl.models.backends.HFOptions).")
+                                                                 "speculation (mobilerl.models.options.HFOptions).")
 
     @model_validator(mode="after")
     def _mobilerl_grid(self) -> GenerationSettings:
