@@ -118,13 +118,14 @@ def serve_cmd(
     token: Annotated[str | None, typer.Option(help="Bearer token (default: $MOBILERL_ENV_TOKEN or a new one).")] = None,
     backend: Annotated[str, typer.Option(help="Env backend behind the server.")] = "sim",
     size: Annotated[int, typer.Option(help="Number of env workers.")] = 4,
-    isolate: Annotated[bool, typer.Option(help="Run each env in its own worker process.")] = True,
+    isolate: Annotated[bool, typer.Option(help="Run each env in its own worker process (crash-safe).")] = True,
+    render: Annotated[bool, typer.Option(help="Observations carry screenshots (screenshot observation modes).")] = False,
 ) -> None:
     """Serve reset/step/evaluate/close for an env backend over HTTP (token required)."""
     from mobilerl.env.server import serve
 
     serve(host=host, port=port, token=token or os.environ.get("MOBILERL_ENV_TOKEN"), backend=backend, size=size,
-          isolate=isolate)
+          isolate=isolate, render=render)
 
 
 @env_app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -190,7 +190,7 @@ def full_world_test(name: str, backend: dict[str, Any] | None = None, every: int
     policy = checkpoint_policy(name, cfg.checkpoints[name], cfg, backend_overrides=backend)
     conc = concurrency or cfg.model_concurrency
     t0, c0 = time.perf_counter(), time.process_time()
-    trajs = evaluate_sync(policy.with_seed, tasks, concurrency=conc, perturb=cfg.perturb,
+    trajs = evaluate_sync(policy.with_seed, tasks, concurrency=conc, perturb=cfg.perturb, obs_mode=policy.obs_mode,
                           base_seed=cfg.seed, progress=True, inline_env=not env_threads)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     save_responses(trajs, responses)

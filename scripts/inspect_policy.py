@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if not tasks:
         raise SystemExit("no world/test template matches the filters")
     trajs = evaluate_sync(policy.with_seed, tasks, n_trials=args.trials, concurrency=cfg.model_concurrency,
-                          perturb=cfg.perturb, base_seed=cfg.seed, progress=not args.quiet)
+                          perturb=cfg.perturb, obs_mode=policy.obs_mode, base_seed=cfg.seed, progress=not args.quiet)
     if not args.quiet:
         for tr in trajs:
             print(f"{'SOLVED' if tr.success else 'failed'}  {tr.instruction}")

@@ -239,3 +239,13 @@ def test_import_human_annotations(tmp_path):
     assert task.params["phone"] not in json.dumps(t.to_dict()) and "[PHONE]" in t.instruction
     assert [s.action["element"] for s in t.steps] == [parse_action(s["action"]).to_dict()["element"] for s in steps]
     assert audit([tmp_path / "human"], ocr=False).passed
+
+
+def test_collection_renders_as_the_observation_mode_says(tmp_path):
+    # The default (screenshot+xml) stores screenshots (test_collected_trajectories_are_valid); an XML mode none.
+    policy = OraclePolicy()
+    res = collect_sync(lambda seed: policy, _tasks(TASKS[:1]), tmp_path / "xml", obs_mode="xml", concurrency=1,
+                       progress=False, keep_secrets=False)
+    assert res.n_episodes == 1 and res.n_errors == 0
+    [traj] = read_store(tmp_path / "xml")
+    assert traj.success and all(s.screenshot_path is None for s in traj.steps)

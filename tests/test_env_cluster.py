@@ -102,7 +102,7 @@ class ThreadServer:
     same port (a restarted server)."""
 
     def __init__(self, size: int = 2, factory=CounterEnv, **app_kwargs):
-        self.size, self.factory, self.app_kwargs = size, factory, app_kwargs
+        self.size, self.factory, self.app_kwargs = size, factory, {"isolate": False, **app_kwargs}
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.faults: Faults | None = None
@@ -402,13 +402,13 @@ def test_rl_stage_runs_on_env_servers_and_logs_per_server_figures(tmp_path, monk
     round 0 is marked down in round 1, which runs on the other; MLflow's callback gets envs/<server>/... a round."""
     from rl_tasks import short_tasks, stage_root
 
-    from mobilerl.env.server import backend_factory
+    from mobilerl.env.factory import env_factory
     from mobilerl.rl.config import RLConfig
     from mobilerl.rl.run import run as run_stage
 
     stage_root(tmp_path, short_tasks(2), [3, 3])
     monkeypatch.setenv("MOBILERL_ENV_TOKEN", TOKEN)
-    with servers(2, 2, factory=backend_factory("sim")) as (a, b):
+    with servers(2, 2, factory=env_factory("sim")) as (a, b):
         cfg = RLConfig(init=str(BASE), out="out", work="work", rounds=2, checkpoint_every=1, rollout_processes=1, max_batch=1, env_servers=[a.url, b.url],
                        env_pool={"health_interval_s": 0.5, "wait_for_server_s": 10},
                        overrides={"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16})

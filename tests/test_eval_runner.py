@@ -235,3 +235,39 @@ def test_evaluation_in_worker_processes_gives_the_same_episodes(tmp_path):
     assert not list(tmp_path.glob("t.jsonl.part*"))
     with pytest.raises(RuntimeError, match="evaluation worker 0 of 2 died"):
         evaluate_in_processes(_dies, tasks, processes=2)
+
+
+class ShotRecorder(OraclePolicy):
+    """The expert, noting whether each observation it is shown carries a screenshot (as a PNG on the wire)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pngs: list[bytes | None] = []
+
+    async def act(self, ctx):
+        self.pngs.append(ctx.observation.png())
+        return await super().act(ctx)
+
+
+@pytest.mark.parametrize("obs_mode, shots", [("xml", False), ("screenshot", True), ("screenshot+xml", True)])
+def test_the_default_envs_render_exactly_for_screenshot_modes(obs_mode, shots):
+    policy = ShotRecorder()
+    [traj] = evaluate_sync(lambda seed: policy, [get_task("world/test/CameraTakePhoto/0")], obs_mode=obs_mode,
+                           progress=False)
+    assert traj.success and policy.pngs
+    if shots:
+        assert all(p is not None and p.startswith(b"\x89PNG\r\n\x1a\n") for p in policy.pngs)
+    else:
+        assert all(p is None for p in policy.pngs)
+    with pytest.raises(ValueError, match="unknown observation mode 'pixels'"):
+        evaluate_sync(lambda seed: policy, [get_task("world/test/CameraTakePhoto/0")], obs_mode="pixels")
+
+
+def test_a_checkpoint_runs_in_its_profiles_observation_mode():
+    from mobilerl.eval.checkpoints import obs_mode_of
+    from mobilerl.eval.config import EvaluateConfig
+
+    cfg = EvaluateConfig(checkpoints={"ckpt": "models/x"}, profile="mobilerl_9b")
+    assert obs_mode_of("ckpt", cfg) == "screenshot+xml"  # that profile's generation.obs_mode
+    assert obs_mode_of("oracle", cfg) == "xml"
+    assert obs_mode_of("ckpt", cfg.model_copy(update={"profile": "tiny"})) == "xml"

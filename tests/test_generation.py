@@ -681,6 +681,10 @@ def test_make_backend_builds_and_names_bad_keys(ckpt, monkeypatch):
         make_backend({"kind": "openai"})
     with pytest.raises(ValueError, match="generation.kind must be one of"):
         make_backend({"kind": "tgi"})
+    with pytest.raises(ValueError, match="generation.prefix_cache_tokens: Input should be greater than or equal to 0"):
+        make_backend({"kind": "hf", "model": str(ckpt), "prefix_cache_tokens": -1})
+    with pytest.raises(ValueError, match="generation.fast_prefil: unknown key for kind 'hf'"):
+        make_backend({"kind": "hf", "model": str(ckpt), "fast_prefil": False})
     with pytest.raises(ValueError, match="NOPE_KEY"):
         make_backend({"kind": "openai", "base_url": "http://x", "api_key_env": "NOPE_KEY"})
     from mobilerl.models.vllm_backend import vllm_available
@@ -728,3 +732,56 @@ def test_vllm_backend_agrees_with_hf(ckpt):
         np.testing.assert_allclose(run(hb.score(req, g.token_ids)), g.logprobs, atol=2e-3)
         np.testing.assert_allclose(run(vb.score(req, g.token_ids)), g.logprobs, atol=2e-3)
     assert [g.token_ids for g in run(vb.generate(reqs, sc))] == [g.token_ids for g in gens]  # seeded
+
+
+# ------------------------------------------------------------------------------- load_weights
+
+
+def test_load_weights_swaps_in_the_files_weights_and_refuses_other_shapes(ckpt, tmp_path):
+    """``HFBackend.load_weights``: generation after the load gives the new weights' logprobs (the prefix cache
+    holds none of the old keys), whether the file stores a tied tensor under either name; a file of another
+    shape is refused naming the parameter, and the weights stay."""
+    import copy
+
+    import torch
+    from safetensors.torch import save_file, save_model
+
+    backend = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=4, batch_wait_ms=1)
+    new = copy.deepcopy(backend.model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.5, alpha=1.0)
+    save_model(new, str(tmp_path / "new.safetensors"))  # tied embeddings once (the trainer's writer)
+    reference = HFBackend(new, backend.processor, max_batch=4, batch_wait_ms=1)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8, seed=0)
+    sampled = SamplingConfig(temperature=1.0, max_new_tokens=8, seed=5)
+
+    async def logprobs(b: HFBackend) -> list[list[float]]:
+        gens = await b.generate([text_request(), text_request(" again")], greedy)
+        gens += await b.generate([text_request()], sampled)
+        return [g.logprobs for g in gens]
+
+    before = run(logprobs(backend))  # also fills the prefix cache with the old weights' keys
+    want = run(logprobs(reference))
+    assert not np.allclose(before[0], want[0], atol=1e-3)
+    run(asyncio.to_thread(backend.load_weights, tmp_path / "new.safetensors"))
+    got = run(logprobs(backend))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-4)
+
+    # a tied tensor under its other name (save_file of the full state dict minus one alias) loads the same
+    state = {k: v.contiguous() for k, v in backend.model.state_dict().items()}
+    tied = [k for k in state if state[k].data_ptr() == state.get("lm_head.weight", torch.empty(0)).data_ptr()]
+    if len(tied) > 1:
+        save_file({k: v.clone() for k, v in state.items() if k != tied[0]}, str(tmp_path / "alias.safetensors"))
+        backend.load_weights(tmp_path / "alias.safetensors")
+
+    bad = {k: v.clone() for k, v in new.state_dict().items() if k != "lm_head.weight"}
+    name = next(k for k in bad if k.endswith("embed_tokens.weight"))
+    bad[name] = bad[name][:-1]
+    save_file(bad, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ValueError, match=f"{name}: shape"):
+        backend.load_weights(tmp_path / "bad.safetensors")
+    np.testing.assert_allclose(run(logprobs(backend))[0], want[0], atol=1e-4)
+    run(backend.aclose())
+    run(reference.aclose())

@@ -219,3 +219,18 @@ def test_token_ids_come_with_the_logprobs_and_with_a_reused_answer(hf):
     assert first.token_ids == gen.token_ids and len(first.token_ids) == len(first.logprobs) >= 1
     unknown = asyncio.run(ModelPolicy(_NoIds("x")).act(ctx))
     assert unknown.token_ids is None and unknown.logprobs == [-0.1, -0.2]
+
+
+
+def test_a_screenshot_policy_evaluated_through_the_factory_sees_screenshots(hf):
+    # evaluate(obs_mode=...) builds rendering simulators for a screenshot mode: no "needs a screenshot" errors.
+    task = get_task("world/test/CameraTakePhoto/0")
+    for mode in ("screenshot", "screenshot+xml"):
+        policy = ModelPolicy(hf, obs_mode=mode, sampling=SAMPLING)
+        [traj] = asyncio.run(evaluate(policy.with_seed, [task], obs_mode=mode, progress=False))
+        assert traj.error is None or "screenshot" not in traj.error, traj.error
+        assert traj.steps and all(s.response for s in traj.steps)
+    # the XML default still renders nothing, so the same policy fails the episode the way it names
+    [traj] = asyncio.run(evaluate(ModelPolicy(hf, obs_mode="screenshot", sampling=SAMPLING).with_seed, [task],
+                                  progress=False))
+    assert traj.error is not None and "screenshot" in traj.error

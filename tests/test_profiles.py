@@ -103,3 +103,40 @@ def test_generation_dtype_defaults_to_the_training_dtype(tmp_path, monkeypatch):
     assert (b.dtype, b.inference_dtype, profile_spec(b)["dtype"]) == ("fp32", "bf16", "bf16")
     with pytest.raises(ValueError, match=r"generation\.dtype"):
         profiles.load_profile("c")
+
+
+def test_every_hf_backend_option_is_reachable_from_a_profile(tmp_path, monkeypatch):
+    """``generation.hf`` reaches the HFBackend it builds; its fields are the backend's keyword arguments, with its
+    defaults; an unknown key there names itself."""
+    import inspect
+
+    from tiny_checkpoint import build
+
+    import mobilerl.models.profiles as profiles
+    from mobilerl.models.backends import make_backend, profile_spec
+    from mobilerl.models.hf_backend import HFBackend
+    from mobilerl.models.options import HFOptions
+
+    init = {k: p.default for k, p in inspect.signature(HFBackend.__init__).parameters.items()
+            if p.kind is p.KEYWORD_ONLY}
+    pretrained = {k for k, p in inspect.signature(HFBackend.from_pretrained).parameters.items()
+                  if p.kind is p.KEYWORD_ONLY}
+    options = HFOptions.model_fields
+    assert set(options) | {"max_batch", "name", "dtype"} == set(init) | pretrained - {"kwargs"}
+    assert {k: f.default for k, f in options.items() if k in init} == {k: v for k, v in init.items() if k in options}
+    assert all(f.description for f in options.values())
+
+    ckpt = build(tmp_path / "ckpt")
+    monkeypatch.setattr(profiles, "PROFILES", tmp_path)
+    base = f"weights: {ckpt}\ntemplate: t\nimage_max_pixels: 10\nimage_min_pixels: 1\ndtype: fp32\n"
+    (tmp_path / "a.yaml").write_text("name: a\n" + base + "generation: {kind: hf, max_batch: 3, hf: {device: cpu, "
+                                     "fast_prefill: false, prefix_cache_tokens: 0, speculate_tokens: 2, "
+                                     "batch_draft: 0}}\n")
+    (tmp_path / "b.yaml").write_text("name: b\n" + base + "generation: {hf: {prefix_cache_tokns: 5}}\n")
+    spec = profile_spec(profiles.load_profile("a"))
+    assert "line_token_cache" not in spec  # unset: the backend's default
+    backend = make_backend(spec)
+    assert isinstance(backend, HFBackend) and backend._text_prefill is None and backend.prefix_cache is None
+    assert (backend.speculate_tokens, backend.batch_draft, backend._batcher.max_batch) == (2, 0, 3)
+    with pytest.raises(ValueError, match=r"b\.yaml: generation\.hf\.prefix_cache_tokns"):
+        profiles.load_profile("b")

@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 
 from mobilerl.env.actions import Action, format_action
 from mobilerl.env.base import EnvCrashed, EnvError, TaskSpec
+from mobilerl.env.factory import env_factory, make_env
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.env.pool import EnvPool
-from mobilerl.env.server import RemoteEnv, backend_factory, create_app, make_backend_env, resolve_token, serve
+from mobilerl.env.server import RemoteEnv, create_app, resolve_token, serve
 
 TOKEN = "test-token-123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -30,6 +31,7 @@ FACTORY = functools.partial(CounterEnv, known_tasks=("c/1", "c/2"))
 
 def make_client(**kw) -> TestClient:
     kw.setdefault("size", 2)
+    kw.setdefault("isolate", False)  # threads: fast; the crash tests isolate explicitly
     return TestClient(create_app(kw.pop("factory", FACTORY), token=TOKEN, **kw))
 
 
@@ -180,7 +182,7 @@ def _free_port() -> int:
 
 def test_remote_env_pool_against_uvicorn_and_unreachable_server():
     port = _free_port()
-    app = create_app(FACTORY, token=TOKEN, size=3)
+    app = create_app(FACTORY, token=TOKEN, size=3, isolate=False)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -227,8 +229,8 @@ def test_serve_defaults_and_token_resolution(monkeypatch):
     with pytest.raises(ValueError, match="needs a token"):
         RemoteEnv("http://x")
     with pytest.raises(ValueError, match="unknown env backend 'emulator'"):
-        backend_factory("emulator")
-    assert isinstance(make_backend_env("fake"), CounterEnv)
+        env_factory("emulator")
+    assert isinstance(make_env("fake"), CounterEnv)
 
 
 def test_serve_smoke_prints_a_token_and_serves(tmp_path):
@@ -264,6 +266,42 @@ def test_serve_smoke_prints_a_token_and_serves(tmp_path):
             await remote.close()
 
         asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("render", [True, False])
+def test_cli_env_serve_render_serves_screenshots(render):
+    """`mobilerl env serve --render` as operators start it: the simulator's observations carry PNG screenshots."""
+    import base64
+    import subprocess
+    import sys
+
+    port = _free_port()
+    env = {**os.environ, "MOBILERL_ENV_TOKEN": TOKEN}
+    args = ["--port", str(port), "--backend", "sim", "--size", "1", "--no-isolate", *(["--render"] if render else [])]
+    proc = subprocess.Popen([sys.executable, "-m", "mobilerl.cli", "env", "serve", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"env serve exited with {proc.returncode}"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        r = httpx.post(f"{url}/reset", json={"task": "world/test/CameraTakePhoto/0"}, headers=AUTH, timeout=30)
+        assert r.status_code == 200, r.text
+        shot = r.json()["observation"]["screenshot_png_b64"]
+        if render:
+            assert base64.b64decode(shot).startswith(b"\x89PNG\r\n\x1a\n")
+        else:
+            assert shot is None
     finally:
         proc.terminate()
         proc.wait(10)

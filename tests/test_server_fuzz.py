@@ -7,7 +7,6 @@ examples per operation, derandomised, so a run takes seconds and fails the same 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 
 import pytest
@@ -23,14 +22,15 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from mobilerl.env.server import ErrorResponse, StepResponse, create_app, make_backend_env
+from mobilerl.env.factory import env_factory
+from mobilerl.env.server import ErrorResponse, StepResponse, create_app
 
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 # Sessions the fuzz opens are never closed: a short idle timeout frees their workers well within the
 # lease wait, so "no free worker" (503, load, not input) cannot happen.
-SIM = functools.partial(make_backend_env, "sim")
-APP = create_app(SIM, token=TOKEN, size=2, session_ttl=0.2, acquire_timeout=5.0)
+SIM = env_factory("sim")
+APP = create_app(SIM, token=TOKEN, size=2, isolate=False, session_ttl=0.2, acquire_timeout=5.0)
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)  # runs APP's lifespan until the process exits
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           negative_data_rejection]
@@ -46,7 +46,7 @@ def test_env_server_api_fuzz(case):
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with TestClient(create_app(SIM, token=TOKEN, size=1)) as c:
+    with TestClient(create_app(SIM, token=TOKEN, size=1, isolate=False)) as c:
         yield c
 
 

@@ -55,7 +55,7 @@ class Engine:
 
     def __init__(self, ckpt: Path) -> None:
         self.backend = HFBackend.from_pretrained(ckpt, device="cpu", max_batch=8, batch_wait_ms=5)
-        self.weights = WeightServer(TorchEngineWeights(self.backend.model))
+        self.weights = WeightServer(TorchEngineWeights(self.backend))
         self.server = ServerThread(self.backend, model_name="tiny", weights=self.weights).start()
         self.url = self.server.base_url
 
@@ -358,7 +358,7 @@ def test_rl_rounds_roll_out_through_remote_engines(tmp_path, transport):
     engine = HFBackend.from_pretrained(base, device="cpu", max_batch=8)
     fmt = PromptFormat(obs_mode="xml", prompt_style="compact", max_history=4, coords="marks")
     tasks = [dataclasses.replace(t, complexity=0.3) for t in list_tasks("world", "train", n=1)][:2]
-    with ServerThread(engine, weights=WeightServer(TorchEngineWeights(engine.model))) as srv:
+    with ServerThread(engine, weights=WeightServer(TorchEngineWeights(engine))) as srv:
         cfg = RLConfig(init=str(base), rounds=2, engines=[srv.base_url], weight_sync=transport,
                        overrides={"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16,
                                   "learning_rate": 1e-3, "kl_coef": 0.0})

@@ -38,6 +38,7 @@ from mobilerl.data.masking import (
 )
 from mobilerl.data.recording import EpisodeCapture, RecordingEnv
 from mobilerl.data.store import IMAGES, StoreWriter, episode_dir
+from mobilerl.env import factory as envs
 from mobilerl.env.actions import Action
 from mobilerl.env.base import Env, TaskSpec
 from mobilerl.env.pool import EnvPool, PooledEnv, ThreadEnv
@@ -47,12 +48,6 @@ log = logging.getLogger(__name__)
 
 
 # ===================================================================================== collection
-
-
-def _sim_env_factory(perturb: str) -> Callable[[], Env]:
-    from mobilerl.env.sim.env import SimEnv
-
-    return lambda: SimEnv(render=True, perturb=perturb)
 
 
 async def collect(
@@ -65,6 +60,7 @@ async def collect(
     concurrency: int = 4,
     env_factory: Callable[[], Env] | None = None,
     perturb: str = "default",
+    obs_mode: str = "screenshot+xml",
     base_seed: int = 0,
     mask_workers: int = 2,
     progress: bool = True,
@@ -78,13 +74,16 @@ async def collect(
     :func:`~mobilerl.agent.runner.episode_seed`). Returns counts, masking statistics and (when
     ``keep_secrets``) the in-memory :class:`~mobilerl.data.masking.EpisodeSecrets` per episode id. An episode
     that fails outside its rollout (no policy, no env) is counted in ``n_errors`` and not stored.
+
+    Without an ``env_factory`` the envs are the simulator's (:func:`~mobilerl.env.factory.env_factory`, ``perturb``),
+    rendering screenshots iff ``obs_mode`` shows them: the default keeps them in the store for any profile's SFT.
     """
     opts = masking or MaskingOptions()
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
     (out / IMAGES).mkdir(parents=True)
-    make_env = env_factory or _sim_env_factory(perturb)
+    make_env = env_factory or envs.env_factory("sim", obs_mode=obs_mode, perturb=perturb)
     n_episodes = len(tasks) * n_trials
     result = CollectResult()
     registry: set[str] = set()
@@ -175,7 +174,7 @@ async def collect(
                                                                    raw_actions, traj.reward)
 
     try:
-        async with EnvPool(worker, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8)) as pool:
+        async with EnvPool(worker, size=size, call_timeout=call_timeout) as pool:
             await run_episodes(pool, policy_factory, tasks, n_trials=n_trials, base_seed=base_seed, take=take,
                                on_episode=store, progress=progress, desc=f"collect {source}")
     finally:
@@ -223,8 +222,7 @@ def replay_check(store: str | os.PathLike, secrets: Mapping[str, EpisodeSecrets]
     result with the stored one. Returns counts and the ids that differ."""
     from mobilerl.data.store import iter_store
 
-    make_env = env_factory or (lambda: __import__("mobilerl.env.sim.env", fromlist=["SimEnv"]).SimEnv(
-        render=False, perturb=perturb))
+    make_env = env_factory or envs.env_factory("sim", obs_mode="xml", perturb=perturb)  # the verifier reads no pixels
     n = same = 0
     differ: list[str] = []
     skipped = 0
@@ -265,6 +263,7 @@ def collect_stores(
     n_trials: int = 1,
     concurrency: int = 4,
     perturb: str = "default",
+    obs_mode: str = "screenshot+xml",
     base_seed: int = 0,
     mask_workers: int = 2,
     replay: bool = True,
@@ -285,8 +284,8 @@ def collect_stores(
         shutil.rmtree(stores)
     stores.mkdir(parents=True)
     res = collect_sync(policy_factory, tasks, stores / "collected", masking=masking, n_trials=n_trials,
-                       concurrency=concurrency, perturb=perturb, base_seed=base_seed, mask_workers=mask_workers,
-                       source="collected")
+                       concurrency=concurrency, perturb=perturb, obs_mode=obs_mode, base_seed=base_seed,
+                       mask_workers=mask_workers, source="collected")
     metrics: dict[str, Any] = {"collected": res.summary(), "tasks": len(tasks)}
     if replay:
         rep = replay_check(stores / "collected", res.secrets, perturb=perturb)

@@ -17,7 +17,7 @@ import random
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,6 @@ class Sample:
     image: Path | None  # absolute path of the source screenshot
     action_name: str
     key: str = ""
-
-
-@dataclass
-class SftStats:
-    per_source: dict[str, Counter] = field(default_factory=dict)
-
-    def add(self, source: str, key: str, n: int = 1) -> None:
-        self.per_source.setdefault(source, Counter())[key] += n
 
 
 def split_of(task_id: str, val_fraction: float, seed: int) -> str:

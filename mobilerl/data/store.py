@@ -289,8 +289,3 @@ def iter_store(root: str | os.PathLike, order: str = "task") -> Iterator[Traject
 
 def read_store(root: str | os.PathLike) -> list[Trajectory]:
     return list(iter_store(root))
-
-
-def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
-    p = Path(root) / MANIFEST
-    return json.loads(p.read_text()) if p.exists() else {}

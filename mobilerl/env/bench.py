@@ -27,6 +27,7 @@ from typing import Any
 
 from mobilerl.env.actions import BACK, SWIPE, TAP, Action
 from mobilerl.env.base import AsyncEnv, Env
+from mobilerl.env.factory import make_env
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.env.pool import EnvPool, LatencyEnv, ThreadEnv
 from mobilerl.env.process_env import ProcessEnv
@@ -35,11 +36,7 @@ _CLICKABLE = re.compile(r'clickable="true"[^>]*?bounds="\[(\d+),(\d+)\]\[(\d+),(
 
 
 def _sim_env(render: bool) -> Env:
-    try:
-        from mobilerl.env.sim import SimEnv
-    except ImportError as e:  # the simulator is developed alongside; say so rather than crash
-        raise RuntimeError(f"the simulator (mobilerl.env.sim.SimEnv) is not importable yet: {e}") from e
-    return SimEnv(render=render, seed=0)
+    return make_env("sim", obs_mode="screenshot+xml" if render else "xml")
 
 
 def _sim_tasks(suite: str, split: str) -> list[str]:

@@ -177,7 +177,8 @@ class EnvPool:
         max_replacements: total crashed workers the pool may replace (``None``: unlimited); past it the
             pool shrinks, and leasing fails with :class:`PoolExhausted` once no worker is left.
         create_timeout: seconds allowed for building one worker.
-        start_concurrency: workers built at once by :meth:`start`.
+        start_concurrency: workers built at once by :meth:`start` (8: building more at once, simulators or
+            processes, only contends for a few cores).
         discard_on_cancel: treat a cancelled call as a crash (for envs that are not cancel-safe).
     """
 
@@ -190,7 +191,7 @@ class EnvPool:
         max_replacements: int | None = None,
         *,
         create_timeout: float | None = 120.0,
-        start_concurrency: int = 32,
+        start_concurrency: int = 8,
         discard_on_cancel: bool = False,
         replace_attempts: int = 3,
         replace_backoff_s: float = 0.5,

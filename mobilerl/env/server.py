@@ -32,6 +32,7 @@ import httpx
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from mobilerl.env import factory as envs
 from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
 from mobilerl.env.base import Env, EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
 from mobilerl.env.pool import EnvPool, PooledEnv, PoolExhausted, ThreadEnv
@@ -42,39 +43,10 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "MOBILERL_ENV_TOKEN"
 _BUSY = "no env worker available"  # the 503 detail of a full server (the client tells it from a broken one)
 DEFAULT_PORT = 8765
-BACKENDS = ("sim", "fake", "adb")
 
 
 class EnvServerBusy(EnvCrashed):
     """The server answered 503 "no env worker available": it is full, not broken (try another server)."""
-
-
-# -- backends -------------------------------------------------------------------------------------------
-
-
-def make_backend_env(backend: str, render: bool = False, seed: int = 0) -> Env:
-    """Build one synchronous env of the named backend (module-level, so it pickles into worker processes)."""
-    if backend == "sim":
-        from mobilerl.env.sim import SimEnv  # lazy: the simulator is heavy and optional for this module
-
-        return SimEnv(render=render, seed=seed)
-    if backend == "fake":
-        from mobilerl.env.fake import CounterEnv
-
-        return CounterEnv()
-    if backend == "adb":  # a real device or emulator; ANDROID_SERIAL picks it (the AVD worker image sets it)
-        import os
-
-        from mobilerl.env.adb import AdbEnv
-
-        return AdbEnv(serial=os.environ.get("ANDROID_SERIAL"), screenshot=render)
-    raise ValueError(f"unknown env backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-
-
-def backend_factory(backend: str, render: bool = False, seed: int = 0) -> Callable[[], Env]:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown env backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    return functools.partial(make_backend_env, backend, render, seed)
 
 
 # -- wire models ----------------------------------------------------------------------------------------
@@ -240,7 +212,7 @@ def create_app(
     *,
     token: str,
     size: int = 1,
-    isolate: bool = False,
+    isolate: bool = True,
     call_timeout: float | None = 60.0,
     reset_timeout: float | None = None,
     session_ttl: float = 900.0,
@@ -249,8 +221,8 @@ def create_app(
 ) -> FastAPI:
     """The env server app over ``size`` workers built by ``env_factory`` (a picklable callable if ``isolate``).
 
-    ``isolate=True`` runs each env in its own process (crash-safe); otherwise envs run in a thread pool
-    of ``size`` threads inside the server process.
+    ``isolate=True`` (the default: a crashing or hanging env then cannot take the server down) runs each env in
+    its own process; otherwise envs run in a thread pool of ``size`` threads inside the server process.
     """
     if not token:
         raise ValueError("the env server needs a non-empty token")
@@ -404,7 +376,7 @@ def serve(
     token: str | None = None,
     backend: str = "sim",
     size: int = 4,
-    isolate: bool = False,
+    isolate: bool = True,
     *,
     render: bool = False,
     seed: int = 0,
@@ -412,7 +384,9 @@ def serve(
     call_timeout: float | None = 60.0,
     log_level: str = "info",
 ) -> None:
-    """Run the env server with uvicorn (blocking). Binds to 127.0.0.1 unless told otherwise."""
+    """Run the env server with uvicorn (blocking). Binds to 127.0.0.1 unless told otherwise. The envs come from
+    :func:`~mobilerl.env.factory.env_factory`; ``render``: observations carry screenshots (for screenshot
+    observation modes)."""
     import uvicorn
 
     token, generated = resolve_token(token)
@@ -421,7 +395,7 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: env server listening on {host}, reachable beyond this machine", file=sys.stderr)
     app = create_app(
-        backend_factory(backend, render=render, seed=seed),
+        envs.env_factory(backend, obs_mode="screenshot+xml" if render else "xml", seed=seed),
         token=token,
         size=size,
         isolate=isolate,
@@ -542,14 +516,11 @@ def _detail(resp: httpx.Response) -> str:
 
 
 __all__ = [
-    "BACKENDS",
     "DEFAULT_PORT",
     "EnvServerBusy",
     "TOKEN_ENV",
     "RemoteEnv",
-    "backend_factory",
     "create_app",
-    "make_backend_env",
     "resolve_token",
     "serve",
 ]

@@ -20,7 +20,13 @@ from typing import Any
 
 from mobilerl import tracking
 from mobilerl.env.base import TaskSpec
-from mobilerl.eval.checkpoints import checkpoint_policy, make_policy_factory, policy_tasks, run_checkpoint
+from mobilerl.eval.checkpoints import (
+    checkpoint_policy,
+    make_policy_factory,
+    obs_mode_of,
+    policy_tasks,
+    run_checkpoint,
+)
 from mobilerl.eval.config import EvaluateConfig
 from mobilerl.eval.metrics import summarize
 from mobilerl.eval.offline import evaluate_offline, offline_episodes
@@ -61,7 +67,8 @@ def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks
             trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
         else:
             trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
-                                  perturb=cfg.perturb, base_seed=cfg.seed, progress=False, out_path=out_path)
+                                  perturb=cfg.perturb, obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed,
+                                  progress=False, out_path=out_path)
         wall = time.perf_counter() - t0
         s = summarize(trajs, template_texts=sim_template_texts(tasks))
         s |= {"wall_s": wall, "n_tasks": len(tasks), "n_trials": cfg.n_trials, "temperature": cfg.temperature}

@@ -35,6 +35,19 @@ def make_policy_factory(name: str, cfg: EvaluateConfig, root: Path = ROOT) -> tu
     return checkpoint_policy(name, cfg.checkpoints[name], cfg, root).with_seed, cfg.model_concurrency
 
 
+def obs_mode_of(name: str, cfg: EvaluateConfig) -> str:
+    """The observation mode ``name``'s episodes run in: its profile's ``generation.obs_mode`` for a checkpoint, XML
+    for the baselines (they read the XML only), so the envs render screenshots exactly when the policy reads them."""
+    if name not in cfg.checkpoints:
+        return "xml"
+    from mobilerl.models.profiles import load_profile
+
+    try:
+        return load_profile(cfg.profile).generation.obs_mode
+    except KeyError as e:
+        raise ValueError(f"evaluate.profile: {e.args[0]}") from None
+
+
 def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root: Path = ROOT,
                       backend_overrides: dict[str, Any] | None = None):
     """A :class:`~mobilerl.agent.model_policy.ModelPolicy` over the checkpoint, with the profile's backend
@@ -72,16 +85,16 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
                    processes: int | None = None, concurrency: int | None = None,
                    backend_overrides: dict[str, Any] | None = None, **kwargs: Any) -> list:
     """The episodes of checkpoint ``name`` on ``tasks`` in ``processes`` (default ``model_processes``) worker
-    processes (:func:`mobilerl.eval.evaluate_in_processes`), ``concurrency`` episodes in flight in each (default
+    processes (:func:`mobilerl.eval.runner.evaluate_in_processes`), ``concurrency`` episodes in flight in each (default
     ``model_concurrency`` shared out; ``backend_overrides`` as for :func:`checkpoint_policy`); ``kwargs`` go to
-    :func:`mobilerl.eval.evaluate`."""
+    :func:`mobilerl.eval.runner.evaluate`."""
     n = processes or cfg.model_processes
     threads = max(1, (os.cpu_count() or 1) // n)
     factory = functools.partial(checkpoint_factory, name, cfg.model_dump(), str(root), backend_overrides)
     return evaluate_in_processes(factory, tasks,
                                  processes=n, threads=threads, n_trials=cfg.n_trials,
                                  concurrency=concurrency or max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
-                                 base_seed=cfg.seed, **kwargs)
+                                 obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed, **kwargs)
 
 
 def policy_tasks(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig) -> list[TaskSpec]:

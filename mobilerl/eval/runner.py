@@ -6,24 +6,26 @@
 The episodes, their seeds and their failures are the episode runner's
 (:func:`~mobilerl.agent.runner.run_episodes`); this module picks the env workers and keeps the trajectories.
 
-Workers: by default each is a ``SimEnv(render=False, perturb=perturb)`` run on the event loop
+Workers: by default each is the simulator of :func:`~mobilerl.env.factory.env_factory` (``obs_mode``: it renders
+screenshots iff the policy's observation mode shows them; ``perturb``) run on the event loop
 (:class:`~mobilerl.env.pool.InlineEnv`: the simulator's calls are short Python, and a thread hop per call
 cost half as much again); an ``env_factory`` of your own runs in a :class:`~mobilerl.env.pool.ThreadEnv`
 (threads on one bounded executor, calls time out) unless ``inline_env=True``; ``use_processes=True`` runs
 each env in its own child process (:class:`~mobilerl.env.process_env.ProcessEnv`; ``env_factory`` must then be
-picklable, e.g. a class or ``functools.partial``). ``perturb`` only configures the default factory.
+picklable, e.g. a class or ``functools.partial``). ``obs_mode`` and ``perturb`` only configure the default
+factory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mobilerl.agent.runner import Episode, PolicyFactory, run_episodes, trial_counts
+from mobilerl.env import factory as envs
 from mobilerl.env.base import Env, TaskSpec
 from mobilerl.env.pool import EnvPool, InlineEnv, ThreadEnv
 from mobilerl.env.process_env import ProcessEnv
@@ -31,12 +33,6 @@ from mobilerl.trajectory import JsonlWriter, Trajectory
 
 if TYPE_CHECKING:
     from mobilerl.env.cluster import EnvServers
-
-
-def _default_env_factory(perturb: str) -> Callable[[], Env]:
-    from mobilerl.env.sim.env import SimEnv
-
-    return functools.partial(SimEnv, render=False, perturb=perturb)
 
 
 async def evaluate(
@@ -47,6 +43,7 @@ async def evaluate(
     concurrency: int = 16,
     env_factory: Callable[[], Env] | None = None,
     perturb: str = "default",
+    obs_mode: str = "xml",
     out_path: str | Path | None = None,
     progress: bool = True,
     use_processes: bool = False,
@@ -65,8 +62,11 @@ async def evaluate(
         tasks: the tasks (e.g. ``list_tasks("world", "test")``).
         n_trials: episodes per task (pass@k needs ``n_trials >= k``); a sequence gives each task its own.
         concurrency: episodes in flight at once (= env workers in the pool).
-        env_factory: builds one synchronous env (default: ``SimEnv(render=False, perturb=perturb)``).
+        env_factory: builds one synchronous env (default: the simulator,
+            ``mobilerl.env.factory.env_factory("sim", obs_mode=obs_mode, perturb=perturb)``).
         perturb: perturbation profile of the default factory (``none`` / ``default`` / ``heavy``).
+        obs_mode: the policy's observation mode (its profile's ``generation.obs_mode``); the default factory
+            renders screenshots iff the mode shows them.
         out_path: if set, each trajectory is appended to this JSONL file as soon as it ends
             (completion order; the file is truncated first unless ``append``).
         progress: show a tqdm bar with the running success rate.
@@ -90,7 +90,8 @@ async def evaluate(
     n_episodes = sum(trial_counts(tasks, n_trials))
     if not n_episodes:
         return []
-    make_env = env_factory if env_factory is not None else _default_env_factory(perturb)
+    make_env = env_factory if env_factory is not None else envs.env_factory(
+        "sim", obs_mode=obs_mode, perturb=perturb)
     size = min(concurrency, n_episodes)
     executor: ThreadPoolExecutor | None = None
     if inline_env is None:
@@ -116,7 +117,7 @@ async def evaluate(
         writer.write(ep.trajectory)
 
     pool = (env_servers.pool(size) if env_servers is not None else
-            EnvPool(worker_factory, size=size, call_timeout=call_timeout, start_concurrency=min(size, 8)))
+            EnvPool(worker_factory, size=size, call_timeout=call_timeout))
     try:
         async with pool:
             episodes = await run_episodes(pool, policy_factory, tasks, n_trials=n_trials, base_seed=base_seed,

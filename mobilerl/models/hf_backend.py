@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import random
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -133,7 +135,9 @@ class HFBackend:
         self.prefix_cache = (PrefixCache(prefix_cache_tokens)
                              if self._text_prefill is not None and prefix_cache_tokens > 0 else None)
         # One thread runs every model call (batches, score), so the model is never used concurrently.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mobilerl-hf")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mobilerl-hf",
+                                            initializer=self._on_model_thread)
+        self._model_thread: threading.Thread | None = None
         self._batcher = MicroBatcher(
             self._generate_batch,
             self._executor,
@@ -143,6 +147,9 @@ class HFBackend:
         )
         self._rng = random.Random()
         self.line_tokens = LineTokenCache.for_tokenizer(self.tokenizer, line_token_cache) if line_token_cache else None
+
+    def _on_model_thread(self) -> None:
+        self._model_thread = threading.current_thread()
 
     @classmethod
     def from_pretrained(
@@ -207,6 +214,50 @@ class HFBackend:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Replace the model's weights, in place, by those of the safetensors file ``path`` (the trainer's
+        ``save_model`` / ``save_file`` of the same architecture; a tied tensor under any one of its names).
+
+        Strict: every tensor of the model, with its shape, and nothing else, checked before anything is copied
+        (``ValueError`` names the parameters; the old weights stay). Runs on the backend's model thread, so it
+        waits for the batch in progress and no batch sees half the weights; then the prefix cache and the
+        recent-answer drafts (old weights' keys and answers) are dropped. Blocks until loaded; from async code
+        ``await asyncio.to_thread(backend.load_weights, path)``.
+        """
+        if threading.current_thread() is self._model_thread:
+            self._load_weights_sync(Path(path))
+        else:
+            self._executor.submit(self._load_weights_sync, Path(path)).result()
+
+    def _load_weights_sync(self, path: Path) -> None:
+        import torch
+        from safetensors import safe_open
+
+        if not path.is_file():
+            raise FileNotFoundError(f"weights file {path} not found")
+        tensors = self.model.state_dict(keep_vars=True)
+        groups: dict[int, list[str]] = {}  # tied tensors: one entry, all their names
+        for name, t in tensors.items():
+            groups.setdefault(id(t), []).append(name)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            keys = set(f.keys())
+            problems = [f"unknown parameter {k}" for k in sorted(keys - set(tensors))]
+            problems += [f"missing parameter {names[0]}" for names in groups.values() if not keys & set(names)]
+            for k in sorted(keys & set(tensors)):
+                shape = tuple(f.get_slice(k).get_shape())
+                if shape != tuple(tensors[k].shape):
+                    problems.append(f"{k}: shape {list(shape)}, the model's is {list(tensors[k].shape)}")
+            if problems:
+                raise ValueError(f"{path}: not this model's weights: " + "; ".join(problems[:8])
+                                 + (f"; ... ({len(problems)} problems)" if len(problems) > 8 else ""))
+            with torch.no_grad():
+                for names in groups.values():
+                    k = next(n for n in names if n in keys)
+                    tensors[k].copy_(f.get_tensor(k))
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        self.responses = ResponseLookup()
 
     async def aclose(self) -> None:
         await self._batcher.aclose()

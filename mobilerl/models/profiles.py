@@ -13,6 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mobilerl.models.options import HFOptions
+
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "configs" / "models"
 
@@ -71,7 +73,7 @@ class GenerationSettings(_Strict):
     """
 
     kind: Literal["hf", "vllm", "openai"] = Field("hf", description="Generation backend.")
-    max_batch: int = Field(16, ge=1, description="HF micro-batch size.")
+    max_batch: int = Field(16, ge=1, description="Most requests per generate call (HF and vLLM micro-batcher).")
     obs_mode: Literal["xml", "screenshot", "screenshot+xml"] = Field(
         "screenshot+xml", description="What the policy sees of the screen.")
     prompt_style: Literal["full", "compact", "mobilerl"] = Field(
@@ -89,6 +91,8 @@ class GenerationSettings(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism.")
     max_model_len: int | None = Field(None, description="vLLM context length.")
     base_url: str | None = Field(None, description="OpenAI-compatible server (kind=openai).")
+    hf: HFOptions = Field(default_factory=HFOptions, description="HF backend options (kind=hf): prefill, caches, "
+                                                                 "speculation (mobilerl.models.options.HFOptions).")
 
     @model_validator(mode="after")
     def _mobilerl_grid(self) -> GenerationSettings:

@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.weight_sync:
             from mobilerl.models.weight_server import TorchEngineWeights, WeightServer
 
-            weights = WeightServer(TorchEngineWeights(backend.model))
+            weights = WeightServer(TorchEngineWeights(backend))
     api_key = os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("serving on %s without an API key (set %s)", args.host, API_KEY_ENV)

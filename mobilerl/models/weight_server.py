@@ -58,11 +58,13 @@ class EngineWeights(Protocol):
 
 
 class TorchEngineWeights:
-    """:class:`EngineWeights` of a torch model served in this process (the HF backend's ``model``): tensors
-    arrive in fresh buffers and are copied in place only once all arrived (in-place copies bump the tensors'
-    versions, which is what drops the HF backend's prefix cache)."""
+    """:class:`EngineWeights` of an HF backend served in this process: broadcast tensors arrive in fresh buffers
+    and are copied in place only once all arrived (in-place copies bump the tensors' versions, which is what
+    drops the backend's prefix cache); a file is loaded by :meth:`~mobilerl.models.hf_backend.HFBackend.load_weights`."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        model = backend.model
         self.model = model
         self._tensors = dict(named_tensors(model))
         self._schema = model_schema(model)
@@ -96,11 +98,8 @@ class TorchEngineWeights:
         return lambda: self._commit(staged)
 
     def load(self, path: str) -> Callable[[], None]:
-        from safetensors.torch import load_file
-
-        check_params(self._schema, file_params(path))
-        staged = load_file(path, device="cpu")
-        return lambda: self._commit(staged)
+        check_params(self._schema, file_params(path))  # the header only: a refused file leaves the version as is
+        return lambda: self.backend.load_weights(path)
 
     @torch.no_grad()
     def _commit(self, staged: dict[str, torch.Tensor]) -> None:

@@ -212,11 +212,6 @@ def _h(w: object) -> int:
     raise TypeError(f"unknown widget {type(w).__name__}")
 
 
-def widget_height(w: object) -> int:
-    """Laid-out height of a widget spec, in pixels."""
-    return _h(w)
-
-
 def virtualize(widgets: list, scroll: int, margin: int = 600, view: int = SCREEN_H) -> list:
     """Keep the widgets near the viewport, as a RecyclerView attaches only the rows it shows; the rows
     above and below become one spacer each, so the scroll range is unchanged and rows just off screen

@@ -89,16 +89,6 @@ class Expert:
         if self.s.find(**query) is None:
             raise ExpertError(f"scrolled {direction} to the end without finding {query}")
 
-    def scroll_top(self) -> Iterator[Action]:
-        lst = self.s.scrollable()
-        for _ in range(self.MAX_SCROLLS):
-            if lst is None:
-                return
-            before = self.s.xml
-            yield self.swipe("down", "long")
-            if self.s.xml == before:
-                return
-
     def tap_scrolled(self, **query) -> Iterator[Action]:
         yield from self.scroll_to(**query)
         yield self.tap(**query)

@@ -175,10 +175,6 @@ def add_expense(x: Expert, spec: dict, with_date: bool) -> Iterator[Action]:
     yield x.tap(desc="Save")
 
 
-def is_expense_list(x: Expert) -> bool:
-    return x.s.find(rid="expense_list") is not None
-
-
 # --------------------------------------------------------------------------------------------- templates
 
 
