@@ -62,13 +62,8 @@ class ModelEngine:
         return self._policy.with_seed(seed)
 
     async def load(self, version: int, path: str) -> None:
-        from safetensors.torch import load_model
-
-        backend = self._policy.backend
-        # on the backend's one model thread (HFBackend's), so the load never runs during one of its batches
-        executor = getattr(backend, "_executor", None)
-        await asyncio.get_running_loop().run_in_executor(
-            executor, functools.partial(load_model, backend.model, path, strict=True))
+        # HFBackend.load_weights runs on the backend's model thread: never during one of its batches
+        await asyncio.to_thread(self._policy.backend.load_weights, path)
         self.version = version
         self._policy = replace(self._policy, version=str(version))
 
@@ -139,7 +134,7 @@ async def serve(engine: Engine, make_env: EnvFactory, slots: int, jobs: Any, res
             await asyncio.sleep(0.05)
 
     try:
-        async with EnvPool(make_env, size=slots, call_timeout=call_timeout, start_concurrency=min(slots, 8)) as pool:
+        async with EnvPool(make_env, size=slots, call_timeout=call_timeout) as pool:
             running = asyncio.gather(*(slot(pool) for _ in range(slots)))
             halt = asyncio.ensure_future(stopped())
             await asyncio.wait([running, halt], return_when=asyncio.FIRST_COMPLETED)
@@ -209,14 +204,14 @@ class Workers:
 
 def _process_main(spec: Any, slots: int, jobs: Any, results: Any, published: Published, stop: Any,
                   worker: int) -> None:
+    from mobilerl.env.factory import make_env
     from mobilerl.env.pool import InlineEnv
-    from mobilerl.env.sim.env import SimEnv
     from mobilerl.rl import rollout
 
     rollout._init_worker(spec)  # the synchronous workers' policy, and an exit when the trainer is killed
     results.cancel_join_thread()  # at shutdown unsent results may be lost; the process must not hang on them
     engine = ModelEngine(rollout._WORKER["policy"])
-    asyncio.run(serve(engine, lambda: InlineEnv(SimEnv(render=False, perturb="default")), slots, jobs, results,
+    asyncio.run(serve(engine, lambda: InlineEnv(make_env("sim", obs_mode=spec.obs_mode)), slots, jobs, results,
                       published, stop, worker))
 
 

@@ -122,7 +122,7 @@ class RemoteEngines:
             return policies[next(turn) % len(policies)].with_seed(seed)
 
         try:
-            return await evaluate(factory, tasks, n_trials=n, base_seed=base_seed, progress=False,
+            return await evaluate(factory, tasks, n_trials=n, base_seed=base_seed, progress=False, obs_mode=s.obs_mode,
                                   concurrency=s.concurrency * len(clients), env_servers=self.env_servers)
         finally:
             for c in clients:

@@ -78,15 +78,14 @@ def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float, dict[str, Any]
 
     t0 = time.perf_counter()
     if weights is not None and version != _WORKER["version"]:
-        from safetensors.torch import load_model
-
-        load_model(_WORKER["backend"].model, weights, strict=True)  # in place: the prefix cache sees new weights
+        _WORKER["backend"].load_weights(weights)
         _WORKER["version"] = version
     sync_s = time.perf_counter() - t0
     policy = _WORKER["policy"]
     policy.version = str(version)
     envs = _WORKER.get("envs")
     trajs = evaluate_sync(policy.with_seed, tasks, n_trials=n, base_seed=base_seed, progress=False,
+                          obs_mode=_WORKER["spec"].obs_mode,
                           concurrency=_WORKER["spec"].concurrency, env_servers=envs)
     return [t.to_dict() for t in trajs], sync_s, envs.take_stats() if envs is not None else None
 
