@@ -241,8 +241,8 @@ def harness_body(text: str) -> str:
 
 
 def _strip_fences(body: str) -> str:
-    """``body`` without a leading ``\u0060\u0060\u0060lang`` fence and a trailing ``\u0060\u0060\u0060``
-    (with the whitespace next to them)."""
+    """``body`` without a leading code fence (three backticks and a language name) and a trailing one, with
+    the whitespace next to them."""
     m = _FENCE_OPEN_RE.match(body)
     start = m.end() if m is not None else 0
     end = len(body)
@@ -252,7 +252,7 @@ def _strip_fences(body: str) -> str:
 
 
 def _fenced_block(body: str) -> str | None:
-    """What lies between the first ``\u0060\u0060\u0060`` and the next one (at least one character), or None."""
+    """What lies between the first code fence (three backticks) and the next (at least one character), or None."""
     start = body.find("```")
     if start < 0:
         return None

@@ -4,8 +4,9 @@ JSON endpoints, all but ``GET /health`` behind ``Authorization: Bearer <token>``
 TaskSpec dict; without a session it leases a worker of the :class:`~mobilerl.env.pool.EnvPool`, with one it
 resets that worker), ``/step`` (a ``format_action`` text), ``/evaluate``, ``/close`` and ``GET /stats``.
 Errors, each documented per operation in the OpenAPI schema with the body ``{"detail": ...}``: bad token 401,
-env error, unknown task or a body that is not JSON 400, unknown session 404, ended session 409, malformed body or unparsable action
-422, no free worker 503. Idle sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
+env error, unknown task or a body that is not JSON 400, unknown session 404, ended session 409, malformed body
+(a TaskSpec out of range, a task id that is not canonical) or unparsable action 422 (the session is looked up
+first; the action is parsed in a thread), no free worker 503; an error repeats at most ``ECHO_CHARS`` of an input. Idle sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
 503, later calls on that session 409. :class:`RemoteEnv` is the client: transport errors, 5xx, 404 and 409
 raise :class:`~mobilerl.env.base.EnvCrashed`, other 4xx :class:`~mobilerl.env.base.EnvError`.
 """
