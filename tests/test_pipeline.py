@@ -242,3 +242,14 @@ def test_every_stage_config_field_has_a_description():
     missing = [f"{c.__module__}.{c.__name__}.{k}" for c in subclasses(StageConfig)
                for k, f in c.model_fields.items() if not f.description]
     assert not missing, f"fields without a description: {missing}"
+
+
+def test_every_preset_and_cluster_passes_the_override_checks(tmp_path):
+    """The checks refuse bad overrides, not the shipped presets and clusters."""
+    from pipelines.flow import CLUSTERS, PRESETS
+
+    for overrides in ([load_overrides(p.stem, None) for p in sorted(PRESETS.glob("*.yaml"))]
+                      + [load_cluster(c.stem) for c in sorted(CLUSTERS.glob("*.yaml"))]):
+        p = tmp_path / "params.yaml"
+        p.write_text((ROOT / "params.yaml").read_text())
+        apply_overrides(p, overrides)
