@@ -40,13 +40,39 @@ def load_params(section: str, model: type[C], path: Path = PARAMS) -> C:
         raise ParamsError(f"{path}: malformed YAML: {e}") from None
     if section not in data:
         raise ParamsError(f"{path}: no '{section}:' section")
+    return validate_section(section, model, data[section], path)
+
+
+def validate_section(section: str, model: type[C], data: Any, source: Path | str = PARAMS) -> C:
+    """``data`` (the ``section:`` of params) as ``model``; a ParamsError naming each bad key otherwise."""
     try:
-        return model.model_validate(data[section] or {})
+        return model.model_validate(data or {})
     except ValidationError as e:
-        problems = "; ".join(
-            f"{section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-        )
-        raise ParamsError(f"{path}: {problems}") from None
+        raise ParamsError(f"{source}: {problems(section, e)}") from None
+
+
+def problems(prefix: str, e: ValidationError) -> str:
+    """A pydantic error as ``prefix.key.subkey: message; …``."""
+    return "; ".join(f"{prefix}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+
+
+def checked_settings(cfg: Any, section: str = "rl") -> Any:
+    """``cfg.settings()``: a model profile's section with the stage's ``overrides`` applied (the rl stage's
+    :meth:`~mobilerl.rl.config.RLConfig.settings`), a bad value raised as a ParamsError naming
+    ``<section>.overrides.<key>`` (or the profile's own key when no override set it)."""
+    try:
+        return cfg.settings()
+    except ValidationError as e:
+        overridden = set(getattr(cfg, "overrides", {}) or {})
+        parts = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            where = (f"{section}.overrides.{key}" if str(err["loc"][0]) in overridden
+                     else f"the {getattr(cfg, 'profile', '?')!r} profile's {section}.{key}")
+            parts.append(f"{where}: {err['msg']}")
+        raise ParamsError("; ".join(parts)) from None
+    except ValueError as e:  # unknown override keys: the message already names rl.overrides
+        raise ParamsError(str(e)) from None
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -99,10 +99,51 @@ def load_cluster(cluster: str) -> dict[str, Any]:
     return {f"{section}.{key}": value for section, keys in data.items() for key, value in keys.items()}
 
 
+# Each params.yaml section's typed config ("module:class"), to validate overrides before they are written.
+STAGE_CONFIGS = {
+    "pretrain": "stages.pretrain:PretrainConfig",
+    "tasks": "stages.tasks:TasksConfig",
+    "collect": "stages.collect:CollectConfig",
+    "privacy_audit": "stages.privacy_audit:PrivacyAuditConfig",
+    "sft_data": "stages.sft_data:SftDataConfig",
+    "sft_reasoning_free": "mobilerl.sft.train:SFTConfig",
+    "sft_random_init": "mobilerl.sft.train:SFTConfig",
+    "reasoning_bootstrap": "mobilerl.sft.bootstrap:BootstrapConfig",
+    "reasoning_refine": "mobilerl.sft.refine:RefineConfig",
+    "sft_reasoning": "mobilerl.sft.train:SFTConfig",
+    "evaluate": "mobilerl.eval.config:EvaluateConfig",
+    "report": "mobilerl.eval.report:ReportConfig",
+    "reward_traces": "mobilerl.reward.traces:RewardTracesConfig",
+    "reward_model": "mobilerl.reward.train:RewardModelConfig",
+    "rl": "mobilerl.rl.config:RLConfig",
+}
+
+
+def validate_sections(params: dict[str, Any], sections: set[str], source: Path) -> None:
+    """Each of ``sections`` of ``params`` as its stage's typed config would load it (the rl stage's profile
+    overrides too); a ParamsError naming the bad key otherwise."""
+    import importlib
+
+    from mobilerl.config import checked_settings, validate_section
+
+    for section in sorted(sections):
+        if section not in STAGE_CONFIGS:
+            continue
+        module, name = STAGE_CONFIGS[section].split(":")
+        cfg = validate_section(section, getattr(importlib.import_module(module), name), params[section], source)
+        if hasattr(cfg, "settings") and hasattr(cfg, "overrides"):
+            checked_settings(cfg, section)
+
+
 def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> None:
-    """Write ``section.key: value`` overrides into params.yaml, keeping its comments (ruamel)."""
+    """Write ``section.key: value`` overrides into params.yaml, keeping its comments (ruamel). Every section they
+    touch is validated first (a ParamsError naming the key, the file untouched), and the file is replaced in
+    one step (a temporary file renamed over it), so a failed run never leaves a half-written or wrong one."""
     if not overrides:
         return
+    import io
+
+    import yaml
     from ruamel.yaml import YAML
 
     y = YAML()
@@ -117,8 +158,16 @@ def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> None:
         if last not in node:
             raise KeyError(f"override {dotted!r}: params.yaml has no key {last!r} in {'.'.join(path)}")
         node[last] = value
-    with params_path.open("w") as f:
-        y.dump(data, f)
+    buf = io.StringIO()
+    y.dump(data, buf)
+    text = buf.getvalue()
+    validate_sections(yaml.safe_load(text), {dotted.split(".")[0] for dotted in overrides}, params_path)
+    tmp = params_path.with_name(f".{params_path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, params_path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def isolated_copy() -> Path:

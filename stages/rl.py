@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from mobilerl import tracking
-from mobilerl.config import ROOT, load_params, write_json
+from mobilerl.config import ROOT, checked_settings, load_params, write_json
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.distributed import launch_rank
 from mobilerl.rl.run import run
@@ -23,7 +23,7 @@ CHECKPOINTS = ROOT / "data" / "checkpoints"
 
 def main() -> None:
     cfg = load_params("rl", RLConfig)
-    cfg.settings()  # a bad override fails before anything runs
+    checked_settings(cfg)  # a bad override fails before anything runs, naming rl.overrides.<key>
     if launch_rank() != 0:  # a data-parallel follower (torchrun -m stages.rl): rank 0 logs, writes and registers
         run(cfg, ROOT, progress=False)
         return

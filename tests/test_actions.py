@@ -214,3 +214,100 @@ def test_new_fields_stay_out_of_old_records_and_convert_with_the_grid():
     assert (rel.start, rel.end) == ((500, 833), (500, 167))
     typed = Action("Type", text="x", clear=True)
     assert typed.to_dict()["clear"] is True and Action.from_dict(typed.to_dict()) == typed
+
+
+# A security probe's findings: nesting that overflowed ast's recursion (RecursionError / MemoryError), a literal
+# past int's digit limit (ValueError), and lazy regexes that took seconds on an unclosed fence or tag.
+PROBE_INPUTS = [
+    "do(action=" + "-" * 2982 + "1)",
+    'do(action="Tap", element=[' + "+".join(["1"] * 3000) + "])",
+    'do(action="Tap")' + "()" * 3000,
+    'do(action="Tap")' + "[0]" * 3000,
+    "do(action=" + "(" * 5000 + "1" + ")" * 5000 + ")",
+    "do(action=" + "not " * 3000 + "1)",
+    "do(action=a" + ".a" * 5000 + ")",
+    'do(action=f"{' + "1+" * 3000 + '1}")',
+    'do(action="Tap", element=[0x' + "f" * 3572 + ", 1, 2, 3])",
+    'do(action="Tap", element=[' + "9" * 5000 + ", 1, 2, 3])",
+    "```" + "a" * 32_000,
+    "<answer>" * 4000,
+    "<ans>```" + "b" * 32_000,
+    'text="' * 4600,
+    "do(" + " " * 32_000 + "x",
+    'do(action="Type", text="' + '", ' * 10_000,
+    "do(action=\"Back\")\x00",
+    'do(action="Type", text="\ud800")',
+]
+_FUZZ_PIECES = ["(", ")", "[", "]", "{", "}", '"', "'", '"""', "'''", "\\", "+", "-", "*", "**", ".", ":", ",",
+                "=", ";", "#", "not ", " if ", " else ", "lambda:", " and ", "```", "```python\n", "<answer>",
+                "</answer>", "<ans>", "</ans>", "<think>", "</think>", "Action: ", "do(", "finish(", "action=",
+                '"Tap"', "element=[", "text=", 'text="', "message=", "0x", "0", "1_0", "1e9", "٣", "\n", " ",
+                "\t", "é", "🙂", "\u202e", "\ud800", "\x00", 'f"{', 'r"', "rb'", 'do(action="Back")',
+                'do(action="Tap", element=[1, 2, 3, 4])']
+
+
+def _fuzz_inputs(count: int) -> list[str]:
+    """PROBE_INPUTS and random mixtures of the pieces above: short ones, and runs of one piece repeated up to
+    the length cap."""
+    import random
+
+    rng = random.Random(20_240_601)
+    out = list(PROBE_INPUTS)
+    while len(out) < count:
+        parts: list[str] = []
+        for _ in range(rng.randint(1, 12)):
+            piece = rng.choice(_FUZZ_PIECES)
+            if piece == "0":
+                piece = "".join(rng.choice("0123456789abcdef_") for _ in range(rng.choice((1, 40, 5000))))
+            reps = rng.choice((1, 1, 1, 2, 5, 50, 500, 3000))
+            parts.append(piece * reps)
+        out.append("".join(parts)[:32_768])
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_adversarial_inputs_parse_or_raise_action_parse_error_fast():
+    """10,000 adversarial responses: each parses or raises ActionParseError (nothing else) within 50 ms. A slow
+    first measurement is retried four times (best of five), so a scheduler pause on a shared CPU is not a
+    failure; an input that is slow to parse is slow every time."""
+    import gc
+    import time
+
+    inputs = _fuzz_inputs(10_000)
+    assert len(inputs) == 10_000
+    others: list[str] = []
+
+    def timed(text: str) -> float:
+        t0 = time.perf_counter()
+        try:
+            parse_action(text)
+        except ActionParseError:
+            pass
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            others.append(f"{type(e).__name__} on {text[:60]!r}")
+        return time.perf_counter() - t0
+
+    gc.disable()
+    try:
+        times = []
+        for text in inputs:
+            t = timed(text)
+            if t > 0.05:
+                t = min(t, *(timed(text) for _ in range(4)))
+            times.append((t, text))
+    finally:
+        gc.enable()
+    slowest, text = max(times)
+    print(f"slowest adversarial parse: {slowest * 1000:.1f} ms ({len(text)} chars: {text[:40]!r})")
+    assert others == []
+    assert slowest <= 0.05, (slowest, text[:80])
+
+
+def test_bounded_nesting_and_literals_are_action_parse_errors():
+    for text, why in [(PROBE_INPUTS[0], "operators"), (PROBE_INPUTS[4], "nested"), (PROBE_INPUTS[7], "f-strings"),
+                      (PROBE_INPUTS[8], "numeric literal")]:
+        with pytest.raises(ActionParseError, match=why):
+            parse_action(text)
+    # the bounds leave real actions alone
+    assert parse_action('do(action="Swipe", start=[540, 1800], end=[540, 600])').start == (540, 1800)
+    assert parse_action('do(action="Type", text="' + "(+-" * 5000 + '")').text == "(+-" * 5000

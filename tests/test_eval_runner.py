@@ -15,7 +15,7 @@ from mobilerl.env.base import EnvCrashed, TaskSpec
 from mobilerl.env.fake import BUTTON, CounterEnv
 from mobilerl.env.sim.tasks import get_task, templates
 from mobilerl.env.sim.tasks.registry import n_instances
-from mobilerl.eval.metrics import summarize
+from mobilerl.eval.metrics import is_env_error, summarize
 from mobilerl.eval.runner import evaluate_sync, sim_template_texts
 from mobilerl.trajectory import read_jsonl
 
@@ -133,9 +133,52 @@ def test_crashed_env_yields_error_trajectory_and_the_runner_goes_on(tmp_path, in
     ok = [t for t in trajs if "crash" not in t.task_id]
     assert len(ok) == 8 and all(t.error is None for t in ok)
     assert all(t.success for t in ok if t.task_id.endswith("/2"))  # 2 taps then finish
-    assert len(built) == 2 + 2  # the pool replaced both crashed workers
+    assert len(built) == 2 + 2 * 3  # the pool replaced the crashed workers (each crash task: 1 run + 2 re-runs)
     assert len(read_jsonl(tmp_path / "x.jsonl")) == len(tasks)
     assert summarize(trajs)["failures/env_error"] == 2
+
+
+class KilledMidEpisode(CounterEnv):
+    """Its worker process is SIGKILLed on the second step: of "/flaky" tasks the first time only (a marker
+    file remembers, across worker processes), of "/doomed" tasks every time."""
+
+    def __init__(self, marker: str):
+        super().__init__()
+        self.marker = marker
+
+    def step(self, action):
+        import os
+        import signal
+        from pathlib import Path
+
+        tid = self.task_id or ""
+        if self.steps >= 1 and ("/doomed" in tid or ("/flaky" in tid and not Path(self.marker).exists())):
+            Path(self.marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+
+def test_an_episode_whose_worker_is_killed_is_rerun_or_left_out_not_failed(tmp_path):
+    tasks = [counter_task("ok", 2), counter_task("flaky", 2), counter_task("doomed", 2), counter_task("ok2", 2),
+             counter_task("ok3", 1)]
+    trajs = evaluate_sync(lambda seed: ScriptedPolicy([TAP, TAP, "finish()"]), tasks, concurrency=2,
+                          env_factory=functools.partial(KilledMidEpisode, str(tmp_path / "killed-once")),
+                          use_processes=True, progress=False, out_path=tmp_path / "x.jsonl", env_retries=2)
+    by_id = {t.task_id: t for t in trajs}
+    assert (tmp_path / "killed-once").exists()  # the flaky episode's first worker did die
+    flaky, doomed = by_id["fake/test/flaky/2"], by_id["fake/test/doomed/2"]
+    assert flaky.error is None and flaky.success  # re-run with the same seed, in a fresh worker
+    assert doomed.error is not None and "SIGKILL" in doomed.error and is_env_error(doomed)
+    s = summarize(trajs)
+    assert s["eval/n_env_failed"] == 1 and s["eval/n_trajectories"] == 4
+    assert s["eval/success_rate"] == 1.0  # the lost episode is not a failure of the policy
+    kept = read_jsonl(tmp_path / "x.jsonl")
+    assert sorted(t.task_id for t in kept) == sorted(t.task_id for t in trajs)  # each episode once, as it ended
+    assert next(t for t in kept if t.task_id == "fake/test/flaky/2").success
+    no_rerun = evaluate_sync(lambda seed: ScriptedPolicy([TAP, TAP, "finish()"]), tasks[2:3], env_retries=0,
+                             env_factory=functools.partial(KilledMidEpisode, str(tmp_path / "m")),
+                             use_processes=True, progress=False)
+    assert summarize(no_rerun)["eval/n_env_failed"] == 1 and summarize(no_rerun)["eval/success_rate"] is None
 
 
 def test_simulator_runs_on_the_event_loop_with_the_same_episodes(monkeypatch):

@@ -249,3 +249,26 @@ def test_report_puts_the_reward_models_held_out_figures_beside_its_baselines(tmp
     assert "| trained judge | 154 | 0.870 | 0.813 | 0.961 | 0.881 | 74 / 17 / 60 / 3 |" in md
     assert "| baseline: majority class | 154 | 0.500 |" in md and "| oracle | 40 |" in md
     assert "![reward_wrong_0](figures/reward_wrong_0.png)" in md
+
+
+def test_too_many_episodes_lost_to_env_failures_fail_the_stage(tmp_path, monkeypatch):
+    import contextlib
+    import types
+
+    import mobilerl.eval.benchmark as B
+    from mobilerl.trajectory import Trajectory
+
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
+    monkeypatch.setattr(B.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
+    monkeypatch.setattr(B.tracking, "log_metrics", lambda metrics: None)
+    tasks = [get_task(f"world/test/ContactsAddContact/{i}", with_optimal=False) for i in range(10)]
+    trajs = [Trajectory.for_task(t, error="env: EnvCrashed: process 7 was killed by SIGKILL") if i < 2
+             else Trajectory.for_task(t) for i, t in enumerate(tasks)]
+    monkeypatch.setattr(B, "evaluate_sync", lambda *a, **k: trajs)
+    cfg = config(tmp_path, policies=["random"])
+    assert (cfg.env_retries, cfg.max_env_failed_share) == (2, 0.05)
+    with pytest.raises(RuntimeError, match=r"2 of 10 episodes \(20\.0%\) lost.*evaluate\.max_env_failed_share = 0\.05"):
+        B.run_policy("random", None, 1, tasks, cfg, "random/world", tmp_path / "x.jsonl")
+    s = B.run_policy("random", None, 1, tasks, config(tmp_path, policies=["random"], max_env_failed_share=0.2),
+                     "random/world", tmp_path / "x.jsonl")
+    assert s["eval/n_env_failed"] == 2 and s["eval/n_trajectories"] == 8 and s["eval/n_errors"] == 2

@@ -85,6 +85,59 @@ def test_overrides_and_presets(tmp_path):
         load_overrides("huge", None)
 
 
+@pytest.mark.parametrize("overrides, key", [
+    ({"rl.rounds": "sixty"}, r"rl\.rounds"),
+    ({"evaluate.n_trials": 0}, r"evaluate\.n_trials"),
+    ({"evaluate.n_trials": 8, "rl.overrides": {"learning_rate": -1.0}}, r"rl\.overrides\.learning_rate"),
+    ({"rl.overrides": {"bogus": 1}}, r"rl\.overrides: unknown key"),
+])
+def test_a_bad_override_leaves_params_untouched_and_names_its_key(tmp_path, overrides, key):
+    p = tmp_path / "params.yaml"
+    p.write_text((ROOT / "params.yaml").read_text())
+    before = p.read_bytes()
+    with pytest.raises(ParamsError, match=key):
+        apply_overrides(p, overrides)
+    assert p.read_bytes() == before and sorted(x.name for x in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_overrides_are_written_in_one_step(tmp_path, monkeypatch):
+    import pipelines.flow as F
+
+    p = tmp_path / "params.yaml"
+    p.write_text((ROOT / "params.yaml").read_text())
+    before = p.read_bytes()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(F.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        apply_overrides(p, {"evaluate.n_trials": 8})
+    assert p.read_bytes() == before and sorted(x.name for x in tmp_path.iterdir()) == ["params.yaml"]
+    monkeypatch.undo()
+    apply_overrides(p, {"evaluate.n_trials": 8, "rl.overrides": {"learning_rate": 2.0e-3}})
+    assert "n_trials: 8" in p.read_text() and sorted(x.name for x in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_every_params_section_has_its_typed_config_for_override_checks():
+    import yaml
+
+    from pipelines.flow import STAGE_CONFIGS
+
+    assert set(yaml.safe_load((ROOT / "params.yaml").read_text())) == set(STAGE_CONFIGS)
+
+
+def test_a_bad_profile_override_is_a_params_error_naming_its_key():
+    from mobilerl.config import checked_settings
+    from mobilerl.rl.config import RLConfig
+
+    with pytest.raises(ParamsError, match=r"rl\.overrides\.learning_rate: Input should be greater"):
+        checked_settings(RLConfig(overrides={"learning_rate": -1.0}))
+    with pytest.raises(ParamsError, match=r"rl\.overrides: unknown key"):
+        checked_settings(RLConfig(overrides={"bogus": 1}))
+    assert checked_settings(RLConfig(overrides={"learning_rate": 1.0e-3})).learning_rate == 1.0e-3
+
+
 def test_cluster_parameter_points_the_rl_stage_at_env_servers(tmp_path):
     """`cluster=local` becomes whole-value rl overrides that params.yaml takes and the rl config validates; the
     flow's default (deployment `full`) is no cluster: the in-process simulator."""
@@ -109,9 +162,10 @@ def test_cluster_parameter_points_the_rl_stage_at_env_servers(tmp_path):
     with pytest.raises(ValueError, match="expected params.yaml sections"):
         load_cluster(str(bad))
     bad.write_text("rl:\n  env_servers: [a:1]\n")
-    apply_overrides(p, load_cluster(str(bad)))
+    before = p.read_bytes()
     with pytest.raises(ParamsError, match="rl.env_servers.*'a:1' is not an http"):
-        load_params("rl", RLConfig, p)
+        apply_overrides(p, load_cluster(str(bad)))  # refused before anything is written
+    assert p.read_bytes() == before
 
 
 @pytest.mark.slow
@@ -188,3 +242,14 @@ def test_every_stage_config_field_has_a_description():
     missing = [f"{c.__module__}.{c.__name__}.{k}" for c in subclasses(StageConfig)
                for k, f in c.model_fields.items() if not f.description]
     assert not missing, f"fields without a description: {missing}"
+
+
+def test_every_preset_and_cluster_passes_the_override_checks(tmp_path):
+    """The checks refuse bad overrides, not the shipped presets and clusters."""
+    from pipelines.flow import CLUSTERS, PRESETS
+
+    for overrides in ([load_overrides(p.stem, None) for p in sorted(PRESETS.glob("*.yaml"))]
+                      + [load_cluster(c.stem) for c in sorted(CLUSTERS.glob("*.yaml"))]):
+        p = tmp_path / "params.yaml"
+        p.write_text((ROOT / "params.yaml").read_text())
+        apply_overrides(p, overrides)

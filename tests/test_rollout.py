@@ -77,6 +77,26 @@ def test_an_unresolved_index_action_is_an_invalid_step():
     assert "marks" in traj.steps[0].invalid and inner.steps == 2 and traj.success
 
 
+def test_a_parser_crash_is_an_invalid_step_not_a_crashed_episode(monkeypatch):
+    """parse_action raises only ActionParseError; should a bug let anything else out, the step is invalid
+    (the exception's type named) and the episode goes on."""
+    import importlib
+
+    rollout_module = importlib.import_module("mobilerl.agent.rollout")  # the package re-exports the function
+
+    def broken(text):
+        if text == "boom":
+            raise RecursionError("maximum recursion depth exceeded during ast construction")
+        return parse_action(text)
+
+    monkeypatch.setattr(rollout_module, "parse_action", broken)
+    inner = CounterEnv()
+    traj = run(rollout(ThreadEnv(inner), ScriptedPolicy(["boom", TAP, FINISH]), counter_task(1)))
+    assert [s.valid for s in traj.steps] == [False, True, True]
+    assert "RecursionError" in traj.steps[0].invalid
+    assert traj.error is None and traj.success and inner.steps == 2
+
+
 def test_invalid_steps_spend_the_budget():
     inner = CounterEnv()
     task = counter_task(1, complexity=0.6)  # max_steps = 6

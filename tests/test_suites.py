@@ -127,6 +127,10 @@ def test_lab_train_verifier_is_hidden_but_ground_truth_exists():
 def test_task_ids_round_trip():
     t = get_task("world/test/ContactsAddContact/7")
     assert get_task(t.task_id) == t
-    for bad in ("world/test/ContactsAddContact", "world/dev/ContactsAddContact/1", "x/test/A/1"):
+    for bad in ("world/test/ContactsAddContact", "world/dev/ContactsAddContact/1", "x/test/A/1",
+                # int() reads each of these as 7 (or -1): one instance must have one id
+                "world/test/ContactsAddContact/٧", "world/test/ContactsAddContact/0_7",
+                "world/test/ContactsAddContact/ 7 ", "world/test/ContactsAddContact/07",
+                "world/test/ContactsAddContact/+7", "world/test/ContactsAddContact/-1"):
         with pytest.raises(KeyError):
             get_task(bad)

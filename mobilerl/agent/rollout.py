@@ -151,6 +151,10 @@ async def rollout(
         except ActionParseError as e:
             rec.invalid = str(e) or "unparseable response"
             continue
+        except Exception as e:  # noqa: BLE001 - parse_action raises only ActionParseError; a bug there must
+            # cost this step, not the episode (model output is adversarial input)
+            rec.invalid = f"unparseable response ({type(e).__name__}: {str(e)[:200]})"
+            continue
         rec.action = action.to_dict()
         t0 = time.perf_counter()
         try:

@@ -174,26 +174,29 @@ def _finger_direction(start: Point, end: Point) -> str:
     return "left" if dx < 0 else "right"
 
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_CALL_RE = re.compile(r"\b(do|finish)\s*\(", re.DOTALL)
-_FENCE_RE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+# Every pattern here runs in linear time on any input (each quantifier is followed by something it cannot
+# match, so nothing backtracks over a long run twice); tags and fences are found with str.find, not with a
+# lazy ".*?" between two delimiters, which is quadratic when the closing one is missing.
+_CALL_RE = re.compile(r"\b(do|finish)\s*\(")
+_FENCE_OPEN_RE = re.compile(r"```[a-zA-Z]*\s*")
 # The harness reading: an <answer> or <ans> body, closed or running to the end (MobileRL's extract_think_ans);
 # the last line of a fenced block (AndroidLab's "* Operation:" block); the call after "Action:".
-_HARNESS_ANSWER_RE = re.compile(r"<(answer|ans)>(.*?)(?:</\1>|$)", re.DOTALL)
-_HARNESS_FENCE_RE = re.compile(r"```.*?([\s\S]+?)```")
+_HARNESS_ANSWER_RE = re.compile(r"<(answer|ans)>")
 _ACTION_PREFIX_RE = re.compile(r"^\s*Action:\s*")
 # A text= / message= string that ends the call runs to the first '")' (MobileRL's v4 executor).
-_LAST_STRING_RE = re.compile(r'^(.*?\b(?:text|message)\s*=\s*)"(.*?)"(\s*\).*)$', re.DOTALL)
+_LAST_STRING_OPEN_RE = re.compile(r'\b(?:text|message)\s*=\s*"')
+_LAST_STRING_CLOSE_RE = re.compile(r'"\s*\)')
 _NEXT_ARG_RE = re.compile(r'"\s*,\s*[A-Za-z_]\w*\s*=')  # `", app="…`: another argument, not an inner quote
 
 
 def extract_answer(text: str) -> str:
     """The action part of a response: the ``<answer>`` body if present, else the text itself."""
     if "<answer>" in text or "</answer>" in text:
-        m = _ANSWER_RE.search(text)
-        if m is None:
+        start = text.find("<answer>")
+        end = -1 if start < 0 else text.find("</answer>", start + len("<answer>"))
+        if end < 0:
             raise ActionParseError("response has an unterminated <answer> tag")
-        return m.group(1).strip()
+        return text[start + len("<answer>"):end].strip()
     if "<think>" in text:
         # Reasoning without answer tags: take what follows the reasoning.
         _, sep, rest = text.partition("</think>")
@@ -216,22 +219,56 @@ def harness_body(text: str) -> str:
     """
     m = _HARNESS_ANSWER_RE.search(text)
     if m is not None:
-        body = m.group(2)
+        end = text.find(f"</{m.group(1)}>", m.end())
+        if end < 0:  # unterminated: the rest of the response (less a final newline, as the harness' "$" reads)
+            end = len(text) - 1 if text.endswith("\n") and len(text) > m.end() else len(text)
+        body = text[m.end():end]
     else:
         _, sep, rest = text.partition("</think>")
         body = rest if sep else text
-    fence = _HARNESS_FENCE_RE.search(body)
+    fence = _fenced_block(body)
     if fence is not None:
-        body = fence.group(1).strip().split("\n")[-1]
+        body = fence.strip().split("\n")[-1]
     lines = body.strip().split("\n")
     if len(lines) > 1:
         body = next((line for line in lines if "Action:" in line), body)
     body = _ACTION_PREFIX_RE.sub("", body).strip()
-    last = _LAST_STRING_RE.match(body)
-    if last is not None and not _NEXT_ARG_RE.search(last.group(2)):
-        head, value, tail = last.groups()
+    last = _last_string(body)
+    if last is not None and not _NEXT_ARG_RE.search(last[1]):
+        head, value, tail = last
         body = f'{head}"{_escape_bare_quotes(value)}"{tail}'
     return body
+
+
+def _strip_fences(body: str) -> str:
+    """``body`` without a leading code fence (three backticks and a language name) and a trailing one, with
+    the whitespace next to them."""
+    m = _FENCE_OPEN_RE.match(body)
+    start = m.end() if m is not None else 0
+    end = len(body)
+    if body.endswith("```") and end - 3 >= start:
+        end = len(body[start:end - 3].rstrip()) + start
+    return body[start:end]
+
+
+def _fenced_block(body: str) -> str | None:
+    """What lies between the first code fence (three backticks) and the next (at least one character), or None."""
+    start = body.find("```")
+    if start < 0:
+        return None
+    end = body.find("```", start + 4)
+    return None if end < 0 else body[start + 3:end]
+
+
+def _last_string(body: str) -> tuple[str, str, str] | None:
+    """``(head, value, tail)`` of the first ``text="`` / ``message="`` string, read to the first ``")``."""
+    opening = _LAST_STRING_OPEN_RE.search(body)
+    if opening is None:
+        return None
+    closing = _LAST_STRING_CLOSE_RE.search(body, opening.end())
+    if closing is None:
+        return None
+    return body[:opening.end() - 1], body[opening.end():closing.start()], body[closing.start() + 1:]
 
 
 def _escape_bare_quotes(value: str) -> str:
@@ -259,12 +296,17 @@ def parse_action(text: str) -> Action:
     if len(text) > MAX_RESPONSE_CHARS:
         raise ActionParseError(f"response longer than {MAX_RESPONSE_CHARS} characters")
     try:
-        return _parse_call(_FENCE_RE.sub("", extract_answer(text)).strip(), lenient=False)
-    except ActionParseError as strict_error:
         try:
-            return _parse_call(harness_body(text), lenient=True)
-        except ActionParseError:
-            raise strict_error from None
+            return _parse_call(_strip_fences(extract_answer(text)).strip(), lenient=False)
+        except ActionParseError as strict_error:
+            try:
+                return _parse_call(harness_body(text), lenient=True)
+            except ActionParseError:
+                raise strict_error from None
+    except ActionParseError:
+        raise
+    except Exception as e:  # defence in depth: model output must never raise anything but an invalid step
+        raise ActionParseError(f"unparseable action ({type(e).__name__})") from None
 
 
 # CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: concurrent parses in
@@ -279,9 +321,11 @@ def _parse_call(body: str, *, lenient: bool) -> Action:
     calls = _CALL_RE.findall(body)
     if not calls:
         raise ActionParseError(f"no do(...) or finish(...) call in {body[:80]!r}")
+    source = _normalize_literals(body, lenient=lenient)
+    _check_shape(source)
     try:
         with _AST_LOCK:
-            tree = ast.parse(_normalize_literals(body, lenient=lenient), mode="eval")
+            tree = ast.parse(source, mode="eval")
     except SyntaxError as e:
         raise ActionParseError(f"malformed action {body[:80]!r}: {e.msg}") from None
     call = tree.body
@@ -360,9 +404,103 @@ def _parse_call(body: str, *, lenient: bool) -> Action:
     )
 
 
+# Bounds on the code (outside string literals) handed to ast.parse. An action is a call with a few literal
+# arguments (depth 2, under 20 operators and brackets, coordinates of a few digits); ast.parse of thousands of
+# nested levels (a chain of "-", "+", "()", "[0]", "not", ".") raises RecursionError or MemoryError while
+# building the tree, and a literal of thousands of digits a ValueError (int's digit limit). Checked first,
+# in one linear pass, so parsing stays fast and every failure is an ActionParseError.
+MAX_NESTING = 16  # open brackets ( [ { at once
+MAX_OPERATORS = 64  # operator characters, keyword operators and opening brackets in all
+MAX_NUMBER_CHARS = 32  # characters of one numeric literal
+MAX_TOKENS = 256  # names, literals, operators and brackets in all (keeps ast.parse's own work small too)
+_OPERATOR_WORDS = frozenset({"not", "and", "or", "if", "else", "lambda", "await", "for", "in", "is", "async",
+                             "yield"})
+_F_PREFIXES = frozenset({"f", "rf", "fr"})
+_STRING_PREFIXES = frozenset({"r", "u", "b", "br", "rb"}) | _F_PREFIXES
+# The next thing the pass below looks at: a quote, a word (a name, a keyword, a string prefix or a number), a
+# comment, a bracket or an operator character; what lies between (spaces, commas, "=") is skipped in C.
+_SHAPE_TOKEN_RE = re.compile(r"""["']|\w+|[#()\[\]{}+\-*/%@&|^~<>!.:]""")
+_NUMBER_RE = re.compile(r"[0-9][\w.]*")
+# The rest of a string literal's body up to its closing quote (unrolled loops: linear, never backtrack).
+_STRING_BODY_RE = {
+    '"': re.compile(r'[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*'),
+    "'": re.compile(r"[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*"),
+    '"""': re.compile(r'[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*'),
+    "'''": re.compile(r"[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*"),
+}
+
+
+def _check_shape(source: str) -> None:
+    """Raise :class:`ActionParseError` unless ``source`` is within the bounds above; one pass, skipping
+    string literals and comments the way Python's tokenizer does. f-strings are refused here: their
+    ``{…}`` parts are code this pass would not see (and no action argument may be one)."""
+    depth = operators = tokens = i = 0
+    n = len(source)
+    while True:
+        token = _SHAPE_TOKEN_RE.search(source, i)
+        if token is None:
+            return
+        i, c = token.end(), token.group()
+        tokens += 1
+        if tokens > MAX_TOKENS:
+            raise ActionParseError(f"action has more than {MAX_TOKENS} tokens")
+        if c[0].isalnum() or c[0] == "_":
+            if source[i:i + 1] in ("\"", "'") and c.lower() in _STRING_PREFIXES:
+                if c.lower() in _F_PREFIXES:
+                    raise ActionParseError("f-strings are not allowed in an action")
+                continue  # the quote comes next
+            if "0" <= c[0] <= "9":
+                number = _NUMBER_RE.match(source, token.start())
+                i = number.end() if number is not None else i
+                if i - token.start() > MAX_NUMBER_CHARS:
+                    raise ActionParseError(f"numeric literal longer than {MAX_NUMBER_CHARS} characters")
+            elif c in _OPERATOR_WORDS:
+                operators += 1
+        elif c in "\"'":
+            quote = source[i - 1:i + 2] if source[i - 1:i + 2] in ('"""', "'''") else c
+            i += len(quote) - 1
+            body = _STRING_BODY_RE[quote].match(source, i)
+            i = body.end() if body is not None else n
+            if not source.startswith(quote, i):
+                return  # unterminated: ast.parse stops there with a SyntaxError
+            i += len(quote)
+        elif c == "#":
+            newline = source.find("\n", i)
+            i = n if newline < 0 else newline + 1
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        else:
+            operators += 1  # an operator character, or an opening bracket (a call or subscript chain)
+            if c in "([{":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise ActionParseError(f"action nested deeper than {MAX_NESTING} brackets")
+        if operators > MAX_OPERATORS:
+            raise ActionParseError(f"action has more than {MAX_OPERATORS} operators and brackets")
+
+
 # Inside a string literal, the escapes format_action writes (and \' in a single-quoted one); any other
 # backslash is the character itself, as the model wrote it.
 _ESCAPES = frozenset("\\\"'n")
+_OUTSIDE_RE = re.compile(r"[\"']")
+_OUTSIDE_LENIENT_RE = re.compile(r"[\"']|(?<![\w.])0")  # a quote, or a zero that may lead an integer
+# A literal's body: up to the first quote no backslash escapes (a backslash keeps any next character from
+# ending it, as in Python, also in a raw literal).
+_LITERAL_BODY_RE = {'"': re.compile(r'[^"\\]*(?:\\[\s\S][^"\\]*)*'), "'": re.compile(r"[^'\\]*(?:\\[\s\S][^'\\]*)*")}
+_ESCAPE_PAIR_RE = re.compile(r"(\\[\\\"'n])")  # the escapes kept as written, left to right
+_RAW_PAIR_RE = re.compile(r"(\\[\s\S])")  # in a raw literal a backslash and the next character stay together
+
+
+def _normalize_string(content: str, *, raw: bool, lenient: bool) -> str:
+    """A literal's body with other backslashes doubled (not in a raw literal) and, if ``lenient``, raw
+    newlines written ``\\n`` (not one a raw literal's backslash precedes)."""
+    if "\\" not in content and not (lenient and "\n" in content):
+        return content
+    parts = (_RAW_PAIR_RE if raw else _ESCAPE_PAIR_RE).split(content)  # [plain, pair, plain, ..., plain]
+    for k in range(0, len(parts), 2):
+        plain = parts[k] if raw else parts[k].replace("\\", "\\\\")
+        parts[k] = plain.replace("\n", "\\n") if lenient else plain
+    return "".join(parts)
 
 
 def _normalize_literals(body: str, *, lenient: bool) -> str:
@@ -374,33 +512,33 @@ def _normalize_literals(body: str, *, lenient: bool) -> str:
     ``lenient`` (the harness reading) also writes a raw newline in a string as ``\n`` and drops leading
     zeros from integers outside strings (``[012, 0450]``), as MobileRL's and AndroidLab's executors do."""
     out: list[str] = []
-    quote, raw, i, n = "", False, 0, len(body)
-    while i < n:
-        c = body[i]
-        if not quote:
-            if c in "\"'":
-                quote, raw = c, i > 0 and body[i - 1] in "rR"
-            elif (lenient and c == "0" and body[i + 1:i + 2].isdigit()
-                  and not (i > 0 and (body[i - 1].isalnum() or body[i - 1] in "_."))):
-                while body[i + 1:i + 2] == "0" and body[i + 2:i + 3].isdigit():
-                    i += 1  # keep the last zero of "000" and the digits of "0012"
-                i += 1
+    i, n, literals = 0, len(body), 0
+    outside = _OUTSIDE_LENIENT_RE if lenient else _OUTSIDE_RE
+    while i < n:  # from one quote or leading zero to the next, each literal's body in one step (linear, in C)
+        m = outside.search(body, i)
+        j = n if m is None else m.start()
+        out.append(body[i:j])
+        if m is None:
+            break
+        if body[j] == "0":
+            if not body[j + 1:j + 2].isdigit():
+                out.append("0")
+                i = j + 1
                 continue
-            out.append(c)
-            i += 1
-        elif c == "\\":
-            nxt = body[i + 1:i + 2]
-            if raw or nxt in _ESCAPES:
-                out.append(body[i:i + 2])  # a raw literal's backslash still keeps a quote from ending it
-                i += 2
-            else:
-                out.append("\\\\")
-                i += 1
-        else:
-            if c == quote:
-                quote = ""
-            out.append("\\n" if lenient and c == "\n" else c)
-            i += 1
+            while body[j + 1:j + 2] == "0" and body[j + 2:j + 3].isdigit():
+                j += 1  # keep the last zero of "000" and the digits of "0012"
+            i = j + 1
+            continue
+        literals += 1
+        if literals > MAX_TOKENS:
+            raise ActionParseError(f"action has more than {MAX_TOKENS} tokens")
+        quote, raw = body[j], j > 0 and body[j - 1] in "rR"
+        end = _LITERAL_BODY_RE[quote].match(body, j + 1).end()  # type: ignore[union-attr]  # `*` always matches
+        closed = body.startswith(quote, end)
+        if not closed:
+            end = n  # unterminated (or a lone backslash at the very end): the literal runs to the end
+        out += [quote, _normalize_string(body[j + 1:end], raw=raw, lenient=lenient), quote if closed else ""]
+        i = end + closed
     return "".join(out)
 
 

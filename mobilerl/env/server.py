@@ -4,8 +4,9 @@ JSON endpoints, all but ``GET /health`` behind ``Authorization: Bearer <token>``
 TaskSpec dict; without a session it leases a worker of the :class:`~mobilerl.env.pool.EnvPool`, with one it
 resets that worker), ``/step`` (a ``format_action`` text), ``/evaluate``, ``/close`` and ``GET /stats``.
 Errors, each documented per operation in the OpenAPI schema with the body ``{"detail": ...}``: bad token 401,
-env error, unknown task or a body that is not JSON 400, unknown session 404, ended session 409, malformed body or unparsable action
-422, no free worker 503. Idle sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
+env error, unknown task or a body that is not JSON 400, unknown session 404, ended session 409, malformed body
+(a TaskSpec out of range, a task id that is not canonical) or unparsable action 422 (the session is looked up
+first; the action is parsed in a thread), no free worker 503; an error repeats at most ``ECHO_CHARS`` of an input. Idle sessions close after ``session_ttl``. With ``isolate=True`` a crashed worker is replaced: its call answers
 503, later calls on that session 409. :class:`RemoteEnv` is the client: transport errors, 5xx, 404 and 409
 raise :class:`~mobilerl.env.base.EnvCrashed`, other 4xx :class:`~mobilerl.env.base.EnvError`.
 """
@@ -26,14 +27,17 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from mobilerl.env import factory as envs
-from mobilerl.env.actions import Action, ActionParseError, format_action, parse_action
+from mobilerl.env.actions import MAX_RESPONSE_CHARS, Action, format_action, parse_action
 from mobilerl.env.base import Env, EnvCrashed, EnvError, EnvTimeout, Observation, StepResult, TaskSpec
 from mobilerl.env.pool import EnvPool, PooledEnv, PoolExhausted, ThreadEnv
 from mobilerl.env.process_env import ProcessEnv
@@ -52,23 +56,75 @@ class EnvServerBusy(EnvCrashed):
 # -- wire models ----------------------------------------------------------------------------------------
 
 
+ECHO_CHARS = 200  # the most of a client's input an error message repeats
+
+# A task id: up to four "/"-separated names (suite/split/template/index, or AndroidWorld's bare task type);
+# a numeric last segment is a canonical index (no sign, leading zero, "_", space or non-ASCII digit).
+_TASK_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,127}"
+TASK_ID_PATTERN = rf"^(?:{_TASK_NAME}/){{0,3}}(?:{_TASK_NAME}|0|[1-9][0-9]{{0,5}})$"
+TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN, max_length=512)]
+SessionId = Annotated[str, StringConstraints(max_length=128)]
+_Name = Annotated[str, StringConstraints(max_length=256)]
+
+_SAFE_INT = 2**53  # integers a JSON number holds exactly (float64 clients and schema validators agree)
+
+
+class WireTaskSpec(BaseModel):
+    """:class:`~mobilerl.env.base.TaskSpec` on the wire (``TaskSpec.to_dict``), checked at the boundary:
+    finite numbers in range, integers that are integers, ``params`` a dict, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", title="TaskSpec")
+
+    task_id: TaskId
+    suite: _Name
+    split: _Name
+    template: _Name
+    instruction: Annotated[str, StringConstraints(max_length=16_384)]
+    params: dict[str, Any] = Field(default_factory=dict, description="the template's parameters")
+    seed: int = Field(default=0, ge=-_SAFE_INT, le=_SAFE_INT, description="the device seed")
+    difficulty: _Name = "easy"
+    optimal_steps: int = Field(default=0, ge=0, le=10_000)
+    complexity: float = Field(default=1.0, strict=True, ge=0, le=100, allow_inf_nan=False,
+                              description="AndroidWorld's complexity; the step budget is min(50, 10 × it)")
+    tags: list[_Name] = Field(default_factory=list, max_length=256)
+    apps: list[_Name] = Field(default_factory=list, max_length=256)
+    task_type: _Name = "operation"
+    has_verifier: bool = Field(default=True, strict=True)
+    subgoals: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=list,
+                                                                               max_length=256)
+    max_steps: Annotated[int, Field(ge=0, le=10_000)] | None = Field(
+        default=None, description="ignored (derived from complexity); to_dict writes it")
+
+    @field_validator("seed", "optimal_steps", "max_steps", mode="before")
+    @classmethod
+    def _a_json_integer(cls, value: Any) -> Any:
+        # 3 or 3.0 (an integer to JSON Schema), not "3" or True, which pydantic's lax int would also read
+        if isinstance(value, str | bool):
+            raise ValueError("must be a JSON integer, not a string or a boolean")
+        return value
+
+    def to_spec(self) -> TaskSpec:
+        return TaskSpec.from_dict(self.model_dump(exclude={"max_steps"}))
+
+
 class ResetRequest(BaseModel):
-    task: str | dict[str, Any] = Field(
-        description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec dict",
+    task: TaskId | WireTaskSpec = Field(
+        description="task id (e.g. 'world/test/ContactsAddContact/3') or a TaskSpec",
         examples=["world/test/ContactsAddContact/3"],
     )
-    session: str | None = Field(
+    session: SessionId | None = Field(
         default=None, description="reset this session's worker instead of leasing one"
     )
 
 
 class StepRequest(BaseModel):
-    session: str
-    action: str = Field(description="canonical action text, as produced by format_action")
+    session: SessionId
+    action: str = Field(max_length=MAX_RESPONSE_CHARS,
+                        description="canonical action text, as produced by format_action")
 
 
 class SessionRequest(BaseModel):
-    session: str
+    session: SessionId
 
 
 class WireObservation(BaseModel):
@@ -128,6 +184,25 @@ _ERRORS = {
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for the error statuses an operation answers."""
     return {c: {"model": ErrorResponse, "description": _ERRORS[c]} for c in codes}
+
+
+def _clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text``, cut to ``limit`` characters (saying how long it was) so an error never echoes a huge input."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+def _clipped_errors(errors: Any) -> Any:
+    """FastAPI's validation errors with each echoed ``input`` clipped."""
+    out = []
+    for error in errors:
+        error = dict(error)
+        if "input" in error:
+            value = error["input"]
+            text = value if isinstance(value, str) else json.dumps(jsonable_encoder(value), default=repr)
+            if len(text) > ECHO_CHARS:
+                error["input"] = _clip(text)
+        out.append(error)
+    return out
 
 
 def _json_safe(value: Any) -> Any:
@@ -256,6 +331,10 @@ def create_app(
                 executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="mobilerl env server", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": jsonable_encoder(_clipped_errors(exc.errors()))}, status_code=422)
     router = APIRouter(dependencies=[Depends(_bearer_auth(token))])
 
     def state_of(request: Request) -> _ServerState:
@@ -273,18 +352,15 @@ def create_app(
                 f"env worker {kind}: {e}; session {session.id} is closed, start a new one with POST /reset",
             ) from e
         except EnvError as e:
-            raise HTTPException(400, str(e)) from e
+            raise HTTPException(400, _clip(str(e), 4 * ECHO_CHARS)) from e
         except Exception as e:
             log.exception("env call failed")
-            raise HTTPException(500, f"{type(e).__name__}: {e}") from e
+            raise HTTPException(500, _clip(f"{type(e).__name__}: {e}", 4 * ECHO_CHARS)) from e
 
     @router.post("/reset", response_model=ResetResponse, responses=_errors(400, 401, 404, 409, 422, 503))
     async def reset(req: ResetRequest, request: Request) -> dict[str, Any]:
         state = state_of(request)
-        try:
-            task: TaskSpec | str = TaskSpec.from_dict(req.task) if isinstance(req.task, dict) else req.task
-        except (TypeError, KeyError) as e:
-            raise HTTPException(422, f"invalid TaskSpec: {e}") from e
+        task: TaskSpec | str = req.task.to_spec() if isinstance(req.task, WireTaskSpec) else req.task
         if req.session is not None:
             session = state.get(req.session)
         else:
@@ -307,11 +383,11 @@ def create_app(
     @router.post("/step", response_model=StepResponse, responses=_errors(400, 401, 404, 409, 422, 503))
     async def step(req: StepRequest, request: Request) -> dict[str, Any]:
         state = state_of(request)
-        try:
-            action = parse_action(req.action)
-        except ActionParseError as e:
-            raise HTTPException(422, f"invalid action: {e}") from e
         session = state.get(req.session)
+        try:  # in a thread: a slow parse must not stall other sessions (or /health) on the event loop
+            action = await asyncio.to_thread(parse_action, req.action)
+        except Exception as e:  # parse_action raises only ActionParseError; anything else is a bad action too
+            raise HTTPException(422, _clip(f"invalid action: {e}", 4 * ECHO_CHARS)) from e
         async with session.lock:
             result: StepResult = await run_env_call(state, session, lambda: session.env.step(action))
             session.last_used = time.monotonic()

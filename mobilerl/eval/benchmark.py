@@ -68,15 +68,27 @@ def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks
         else:
             trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
                                   perturb=cfg.perturb, obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed,
-                                  progress=False, out_path=out_path)
+                                  progress=False, out_path=out_path, env_retries=cfg.env_retries)
         wall = time.perf_counter() - t0
         s = summarize(trajs, template_texts=sim_template_texts(tasks))
+        check_env_failures(s["eval/n_env_failed"], len(trajs), cfg, run_name)
         s |= {"wall_s": wall, "n_tasks": len(tasks), "n_trials": cfg.n_trials, "temperature": cfg.temperature}
         tracking.log_metrics(s)
         s["mlflow_run_id"] = run.info.run_id
     print(f"evaluate: {run_name} ({cfg.split} split): success {s['eval/success_rate']:.3f} over {len(trajs)} "
           f"episodes in {wall:.1f}s")
     return s
+
+
+def check_env_failures(n_failed: int, n_episodes: int, cfg: EvaluateConfig, run_name: str) -> None:
+    """Fail the stage when more than ``evaluate.max_env_failed_share`` of a run's episodes were lost to env
+    failures: a success rate over the rest would silently measure a different task set."""
+    share = n_failed / n_episodes if n_episodes else 0.0
+    if share > cfg.max_env_failed_share:
+        raise RuntimeError(
+            f"evaluate: {run_name}: {n_failed} of {n_episodes} episodes ({share:.1%}) lost to env failures after "
+            f"{cfg.env_retries} re-run(s) each, more than evaluate.max_env_failed_share = "
+            f"{cfg.max_env_failed_share:g}; fix the env workers (or raise the share) and run the stage again")
 
 
 def pass_k_study(cfg: EvaluateConfig, tasks_by_suite: dict[str, list[TaskSpec]], out_dir: Path) -> dict[str, dict]:

@@ -94,7 +94,8 @@ def run_checkpoint(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig, root: 
     return evaluate_in_processes(factory, tasks,
                                  processes=n, threads=threads, n_trials=cfg.n_trials,
                                  concurrency=concurrency or max(1, cfg.model_concurrency // n), perturb=cfg.perturb,
-                                 obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed, **kwargs)
+                                 obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed,
+                                 **{"env_retries": cfg.env_retries, **kwargs})
 
 
 def policy_tasks(name: str, tasks: list[TaskSpec], cfg: EvaluateConfig) -> list[TaskSpec]:

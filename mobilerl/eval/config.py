@@ -61,6 +61,11 @@ class EvaluateConfig(StageConfig):
         1, ge=1, description="Worker processes for checkpoint policies, each loading the model and running every "
                              "N-th task with its own env pool and cores / N torch threads (docs/evaluation.md).")
     seed: int = Field(0, description="Base seed of the policies' sampling.")
+    env_retries: int = Field(2, ge=0, description="Times an episode whose env failed (crashed, timed out, no "
+                                                  "worker) is run again with the same seed before it is lost.")
+    max_env_failed_share: float = Field(
+        0.05, ge=0.0, le=1.0, description="Largest share of a (policy, suite)'s episodes that may be lost to env "
+                                          "failures (left out of the success rate); more fails the stage.")
     reuse_greedy: bool = Field(
         True, description="At temperature 0, a prompt already answered in the episode is answered from memory "
                           "(the same trajectory, fewer model calls; mobilerl.agent.model_policy).")

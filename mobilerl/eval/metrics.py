@@ -272,6 +272,13 @@ def has_loop(traj: Trajectory, max_period: int = 4) -> bool:
     return False
 
 
+def is_env_error(traj: Trajectory) -> bool:
+    """Whether the episode was cut short by the infrastructure (its env crashed, timed out or could not be
+    leased), not by the policy: it says nothing about the policy, so evaluation re-runs it or leaves it out
+    of the success rate (:data:`~mobilerl.trajectory.ErrorKind` ``env``)."""
+    return traj.error_kind == "env"
+
+
 def failure_flags(traj: Trajectory, invalid_share: float = 1 / 3) -> list[str]:
     """Every failure kind that applies to a failed trajectory (``[]`` for a success)."""
     if traj.success:
@@ -350,7 +357,9 @@ def summarize(
 ) -> dict[str, Any]:
     """All evaluation metrics of a set of trajectories (several trials per task allowed).
 
-    Keys are namespaced: ``eval/…`` (overall SR, its 95 % Wilson interval, pass@k over tasks, counts,
+    Episodes cut short by an env failure (:func:`is_env_error`) are left out of every rate and group and
+    counted in ``eval/n_env_failed`` (``failures/env_error`` counts them too). Keys are namespaced:
+    ``eval/…`` (overall SR, its 95 % Wilson interval, pass@k over tasks, counts,
     ``eval/by_difficulty``, ``eval/by_complexity`` (levels 1–4; tasks without an optimal step count go
     to ``"unknown"``), ``eval/by_semantic`` (S1–S3), ``eval/by_combined`` (D1–D3), ``eval/by_app``),
     ``lab/…`` (:func:`lab_metrics`), ``failures/…`` (count of each primary failure kind). Each ``by_*``
@@ -363,12 +372,14 @@ def summarize(
     Wilson interval treats trajectories as independent, which trials of one task are not: read it as a
     lower bound on the uncertainty.
     """
-    trajs = list(trajectories)
+    everything = list(trajectories)
+    trajs = [t for t in everything if not is_env_error(t)]  # an env failure is not the policy's failure
     overall = _group_stats(trajs, k_values)
     out: dict[str, Any] = {f"eval/{k}": v for k, v in overall.items()}
     trials = Counter(t.task_id for t in trajs)
     out["eval/trials_per_task"] = (sum(trials.values()) / len(trials)) if trials else 0.0
-    out["eval/n_errors"] = sum(t.error is not None for t in trajs)
+    out["eval/n_errors"] = sum(t.error is not None for t in everything)
+    out["eval/n_env_failed"] = len(everything) - len(trajs)  # left out of every rate here (failures/* counts them)
     out["eval/mean_steps"] = sum(t.n_steps for t in trajs) / len(trajs) if trajs else None
     out["eval/invalid_step_rate"] = (
         sum(t.n_invalid for t in trajs) / max(1, sum(t.n_steps for t in trajs)) if trajs else None
@@ -394,7 +405,7 @@ def summarize(
 
     for k, v in lab_metrics(trajs).items():
         out[f"lab/{k}"] = v
-    kinds = Counter(classify_failure(t) for t in trajs if not t.success)
+    kinds = Counter(classify_failure(t) for t in everything if not t.success)
     for kind in FAILURE_KINDS:
         out[f"failures/{kind}"] = kinds.get(kind, 0)
     return out

@@ -124,9 +124,10 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offlin
         row = [p]
         for s in suites:
             x = summary[p].get(s)
+            lost = (x or {}).get("eval/n_env_failed") or 0  # left out of the rate (summaries before it: 0)
             row.append("–" if x is None else
                        f"{_pct(x['eval/success_rate'])} [{_pct(x['eval/success_ci_low'])}, "
-                       f"{_pct(x['eval/success_ci_high'])}]")
+                       f"{_pct(x['eval/success_ci_high'])}]" + (f" ({lost} lost to env failures)" if lost else ""))
         if "lab" in suites:
             row.append(_pct(summary[p].get("lab", {}).get("lab/sub_sr")))
         row.append(", ".join(f"{s}: {_run(summary[p][s])}" for s in suites if s in summary[p]))
@@ -209,7 +210,8 @@ def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None, 
     for p, suites in summary.items():
         for s, x in suites.items():
             m = {"success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],
-                 "success_ci_high": x["eval/success_ci_high"], "mlflow_run_id": x.get("mlflow_run_id", "")}
+                 "success_ci_high": x["eval/success_ci_high"], "n_env_failed": x.get("eval/n_env_failed", 0),
+                 "mlflow_run_id": x.get("mlflow_run_id", "")}
             for k in cfg.k_values:
                 m[f"pass@{k}"] = x.get(f"eval/pass@{k}")
             for key in ("sub_sr", "rrr", "ror"):

@@ -24,11 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mobilerl.agent.runner import Episode, PolicyFactory, run_episodes, trial_counts
+from mobilerl.agent.runner import Episode, PolicyFactory, run_episode, run_episodes, trial_counts
 from mobilerl.env import factory as envs
 from mobilerl.env.base import Env, TaskSpec
 from mobilerl.env.pool import EnvPool, InlineEnv, ThreadEnv
 from mobilerl.env.process_env import ProcessEnv
+from mobilerl.eval.metrics import is_env_error
 from mobilerl.trajectory import JsonlWriter, Trajectory
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ async def evaluate(
     append: bool = False,
     inline_env: bool | None = None,
     env_servers: EnvServers | None = None,
+    env_retries: int = 2,
 ) -> list[Trajectory]:
     """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
 
@@ -80,11 +82,15 @@ async def evaluate(
             threads otherwise. Ignored with ``use_processes``.
         env_servers: run the episodes on these env servers instead (:mod:`mobilerl.env.cluster`: placement by
             free capacity, health checks, retries); the env options above are then unused.
+        env_retries: times an episode whose env failed (:func:`~mobilerl.eval.metrics.is_env_error`) is run
+            again, same task, trial and seed, after the others; one still failing keeps its error.
 
     An episode whose env crashes, times out or cannot be leased (``error="env: ..."``), or whose policy
     cannot be built (``"policy: ..."``), ends with ``Trajectory.error`` set; the others go on. The pool
-    replaces crashed workers.
+    replaces crashed workers. ``out_path`` holds each episode once, as it finally ended.
     """
+    if env_retries < 0:
+        raise ValueError(f"env_retries must be >= 0, got {env_retries}")
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     n_episodes = sum(trial_counts(tasks, n_trials))
@@ -114,7 +120,8 @@ async def evaluate(
 
     async def write(ep: Episode) -> None:
         assert writer is not None
-        writer.write(ep.trajectory)
+        if not (env_retries and is_env_error(ep.trajectory)):  # written once it has been re-run
+            writer.write(ep.trajectory)
 
     pool = (env_servers.pool(size) if env_servers is not None else
             EnvPool(worker_factory, size=size, call_timeout=call_timeout))
@@ -123,6 +130,19 @@ async def evaluate(
             episodes = await run_episodes(pool, policy_factory, tasks, n_trials=n_trials, base_seed=base_seed,
                                           on_episode=write if writer is not None else None,
                                           keep_screenshots_dir=keep_screenshots_dir, progress=progress, desc="eval")
+            rerun = failed = [ep for ep in episodes if is_env_error(ep.trajectory)] if env_retries else []
+            for _ in range(env_retries):
+                if not failed:
+                    break
+                reruns = await asyncio.gather(*(
+                    run_episode(pool, policy_factory, ep.task, ep.trial, ep.seed,
+                                keep_screenshots_dir=keep_screenshots_dir) for ep in failed))
+                for ep, (traj, _taken) in zip(failed, reruns, strict=True):
+                    ep.trajectory = traj
+                failed = [ep for ep in failed if is_env_error(ep.trajectory)]
+            if writer is not None:
+                for ep in rerun:
+                    writer.write(ep.trajectory)
     finally:
         if writer is not None:
             writer.close()

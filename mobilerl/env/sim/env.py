@@ -39,7 +39,9 @@ class SimEnv:
             spec = get_task(task, with_optimal=False) if isinstance(task, str) else task
             tmpl = template(spec.suite, spec.template)
         except KeyError as e:  # a task the registry does not know is the caller's error, not the env's
-            raise EnvError(f"cannot reset to task {task!r}: {e.args[0] if e.args else e}") from None
+            name = task if isinstance(task, str) else task.task_id
+            shown = repr(name) if len(name) <= 200 else f"{name[:200]!r}… ({len(name)} chars)"  # a bounded echo
+            raise EnvError(f"cannot reset to task {shown}: {e.args[0] if e.args else e}") from None
         self.task, self.tmpl = spec, tmpl
         self.device = Device(seed=spec.seed, perturb=self.perturb)
         with content.recording(self.device.planted):

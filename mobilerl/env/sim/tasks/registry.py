@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import random
+import re
 from functools import cache, lru_cache
 
 from mobilerl.env.base import TaskSpec
@@ -20,6 +21,7 @@ from mobilerl.env.sim.tasks.base import Template
 from mobilerl.seeding import sim_seed
 
 SUITES = ("world", "lab")
+_INDEX_RE = re.compile(r"0|[1-9][0-9]*")
 SPLITS = ("train", "test")
 N_TEST = {"world": 20, "lab": 5}
 N_TRAIN = {"world": 40, "lab": 30}
@@ -116,16 +118,16 @@ def _instance(suite: str, name: str, split: str, index: int) -> tuple[int, str]:
 def get_task(task_id: str, with_optimal: bool = True) -> TaskSpec:
     import json
 
-    try:
-        suite, split, name, idx = task_id.split("/")
-        index = int(idx)
-    except ValueError:
-        raise KeyError(f"malformed task id {task_id!r}; expected suite/split/template/index") from None
+    parts = task_id.split("/")
+    # A canonical index only: int() would also read "٣", "1_0", " 3 " and "+3" (aliases of one instance).
+    if len(parts) != 4 or not _INDEX_RE.fullmatch(parts[3]):
+        shown = task_id if len(task_id) <= 200 else task_id[:200] + "…"
+        raise KeyError(f"malformed task id {shown!r}; expected suite/split/template/index")
+    suite, split, name, idx = parts
+    index = int(idx)
     if split not in SPLITS:
         raise KeyError(f"unknown split {split!r} in {task_id!r}; expected train or test")
     t = template(suite, name)
-    if index < 0:
-        raise KeyError(f"negative index in {task_id!r}")
     seed, pjson = _instance(suite, name, split, index)
     params = json.loads(pjson)
     steps = optimal_steps(task_id) if with_optimal else 0
