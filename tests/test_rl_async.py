@@ -27,6 +27,7 @@ from mobilerl.models.generation import ChatRequest
 from mobilerl.rl.async_loop import drop_stale, train_async
 from mobilerl.rl.async_workers import Job
 from mobilerl.rl.batch import PromptFormat
+from mobilerl.rl.checkpoint import load_state, state_key
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import train
 from mobilerl.rl.loss import policy_loss, tis_weights
@@ -263,7 +264,7 @@ def test_a_resumed_async_run_continues_from_its_checkpoint_with_new_draws(tmp_pa
     with (tmp_path / "curve.jsonl").open("a") as f:  # a round the killed run logged after its checkpoint
         f.write(json.dumps({"round": 2, "rollout/success": 0.0}) + "\n")
     resumed = FakeTrainer(config(1, rounds=4))
-    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
+    resumed.load_state_dict(load_state(tmp_path, state_key(RLConfig().state_key)))
     seen: list[int] = []
     original = resumed.sample_tasks
     resumed.sample_tasks = lambda pool, d: (seen.append(d), original(pool, d))[1]

@@ -25,6 +25,7 @@ from mobilerl.rl.bepa import (
     relogprob,
     replace_first_failure,
 )
+from mobilerl.rl.checkpoint import load_state, state_key
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.groups import Group, score_groups
 from mobilerl.rl.loop import train
@@ -204,7 +205,7 @@ def test_a_round_with_bepa_trains_on_the_injected_success_but_the_curriculum_see
     first = Trainer(cfg.model_copy(update={"rounds": 1}), torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
     train(first, FakeWorkers(workers.outcome), pool, tmp_path / "b", progress=False)
     resumed = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
-    resumed.load_state_dict(torch.load(tmp_path / "b" / "state.pt", weights_only=False))
+    resumed.load_state_dict(load_state(tmp_path / "b", state_key(RLConfig().state_key)))
     later = FakeWorkers(workers.outcome)
     tail = train(resumed, later, pool, tmp_path / "b", progress=False)
     assert later.calls == workers.calls[2:] and tail[-1]["bepa/replaced"] == 2 and tail[-1]["bepa/seeded"] == 0

@@ -15,6 +15,7 @@ from mobilerl.agent import RandomPolicy
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.fake import CounterEnv
 from mobilerl.eval.runner import evaluate_sync
+from mobilerl.rl.checkpoint import load_state, state_key
 from mobilerl.rl.dart import (
     DartCurator,
     allocate_rollouts,
@@ -241,7 +242,7 @@ def test_train_spends_fewer_rollouts_on_a_solved_task_and_resumes_the_stats(tmp_
     assert sorted(c for i, c in enumerate(workers.counts[1]) if i != easy) == [4, 5, 5]  # the freed two
     assert curve[1]["dart/rollouts_per_task_min"] == 2.0 and curve[1]["dart/rollouts_per_task_mean"] == 4.0
     restored = Trainer(cfg, torch.nn.Linear(2, 2), lambda req: [], 0, PromptFormat())
-    restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
+    restored.load_state_dict(load_state(tmp_path, state_key(RLConfig().state_key)))
     assert restored.hooks.get("dart").state_dict() == trainer.hooks.get("dart").state_dict()
     ids = [t.task_id for t in pool]
     assert restored.hooks.get("dart").rollout_counts(ids) == trainer.hooks.get("dart").rollout_counts(ids)

@@ -272,3 +272,39 @@ def test_config_names_a_bad_override_and_the_pool_keeps_short_templates(tmp_path
         t.task_id for t in short_tasks(2)]
     with pytest.raises(ValueError, match="no world/train task"):
         training_pool(RLConfig(templates_max_steps=2), root)
+
+
+def test_the_resume_state_at_rest_is_sealed_private_and_loads_no_code(tmp_path):
+    from cryptography.fernet import Fernet
+
+    from mobilerl.rl.checkpoint import load_state, save_state, state_key
+
+    planted = "call Jane Roe at +1 415 555 0123 or jane.roe@example.com, 12 Elm St"
+    traj = Trajectory(task_id="world/train/T/0", instruction=planted, success=True, reward=1.0, finished=True)
+    trainer = Trainer(RLConfig(overrides={"kl_coef": 0.0}), torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
+    trainer.buffer.push([traj], [1.0], 0)
+    key = state_key(tmp_path / "keys" / "k")
+    assert (tmp_path / "keys" / "k").stat().st_mode & 0o777 == 0o600
+    work = tmp_path / "work"
+    work.mkdir()
+    save_state(trainer.state_dict(), work, key)
+    for f in ("state.pt", "state.enc"):
+        assert (work / f).stat().st_mode & 0o777 == 0o600
+        raw = (work / f).read_bytes()
+        assert all(s.encode() not in raw for s in ("Jane Roe", "555 0123", "jane.roe", "Elm St")), f
+    restored = Trainer(RLConfig(overrides={"kl_coef": 0.0}), torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
+    restored.load_state_dict(load_state(work, key))
+    assert restored.buffer.entries[0].trajectory.instruction == planted  # the exact text the policy saw
+    assert all(torch.equal(a, b) for a, b in zip(restored.model.state_dict().values(),
+                                                 trainer.model.state_dict().values(), strict=True))
+    with pytest.raises(ValueError, match=r"state\.enc: cannot be opened with rl\.state_key"):
+        load_state(work, Fernet.generate_key())
+
+    class Payload:  # what a planted state.pt would carry: code that runs when unpickled
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    torch.save({"round": 1, "model": Payload(), "optimizer": {}}, work / "state.pt")
+    with pytest.raises(ValueError, match=r"state\.pt: not a resume state"):
+        load_state(work, key)
+    assert not (tmp_path / "pwned").exists()

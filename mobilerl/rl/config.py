@@ -141,6 +141,8 @@ class RLConfig(StageConfig):
         "DAPO's dynamic sampling (mobilerl/rl/dynamic_sampling.py): draw until the batch's groups all have signal "
         "(None: off)."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
+    state_key: str = Field("~/.config/mobilerl/rl-state.key", description=(
+        "Key file sealing the resume state's trajectories at rest, kept outside rl.work (made 0600 when missing)."))
     trainer_backend: Literal["single", "ddp", "deepspeed"] = Field("single", description=(
         "How the update runs: one process, or data-parallel over the processes a launcher started (torchrun, "
         "deepspeed, accelerate launch) with torch.distributed (ddp) or DeepSpeed ZeRO (deepspeed_config)."))

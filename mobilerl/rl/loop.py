@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mobilerl.env.base import TaskSpec
-from mobilerl.rl.checkpoint import save_atomic
+from mobilerl.rl.checkpoint import save_state, state_key
 from mobilerl.rl.groups import Group
 from mobilerl.rl.hooks import Hook, RoundContext
 from mobilerl.rl.round import collect, learn
@@ -50,7 +50,7 @@ def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve:
         tc = time.perf_counter()
         if before_save is not None:
             before_save()
-        save_atomic(trainer.state_dict(), work / "state.pt")
+        save_state(trainer.state_dict(), work, state_key(cfg.state_key))
         m["time/checkpoint_s"] = time.perf_counter() - tc
     m["time/step_s"] = time.perf_counter() - t0
     m["time/other_s"] = m["time/step_s"] - sum(m[k] for k in ("time/rollout_s", "time/reward_s", "time/train_s",

@@ -19,7 +19,7 @@ import torch
 
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.batch import PromptFormat
-from mobilerl.rl.checkpoint import resume_or_start
+from mobilerl.rl.checkpoint import remove_state, resume_or_start
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import LogMetrics, train
 from mobilerl.rl.rollout import PolicySpec, RolloutWorkers
@@ -126,10 +126,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
     if trainer.dp is not None:
         trainer.dp.stop()
     (out / "curriculum.json").write_text(json.dumps(trainer.curriculum.state_dict(), indent=1) + "\n")
-    # the resume state holds the replay buffer's trajectories (exact prompts and sampled tokens): it lives only
-    # while the run can still be resumed
-    for name in ("state.pt", "policy.safetensors"):
-        (work / name).unlink(missing_ok=True)
+    remove_state(work)
     first = [c["rollout/success"] for c in curve[:5]]
     last = [c["rollout/success"] for c in curve[-5:]]
     return {"rounds": len(curve), "pool": len(pool), "wall_s": wall, "init": cfg.init,
