@@ -254,13 +254,14 @@ def test_each_worker_loads_a_new_version_by_itself_and_episodes_in_flight_go_on(
     assert sorted((i, v) for i, v, _, _ in loads) == [(0, 1), (1, 1)]  # one load per worker and version
 
 
-def test_a_resumed_async_run_continues_from_its_checkpoint_with_new_draws(tmp_path):
+def test_a_resumed_async_run_continues_from_its_checkpoint_at_its_untrained_draws(tmp_path):
     cfg = config(1, rounds=2)
     first = FakeTrainer(cfg)
     with workers() as w:
         train_async(first, w, tasks(), tmp_path, progress=False)
-    draws = json.loads((tmp_path / "async.json").read_text())["draws"]
-    assert draws >= 2 and (tmp_path / "state.pt").exists()
+    point = json.loads((tmp_path / "async.json").read_text())
+    trained = {(d, t) for d, t in point["trained"]}
+    assert (tmp_path / "state.pt").exists() and all(d >= point["draws"] for d, _ in trained)
     with (tmp_path / "curve.jsonl").open("a") as f:  # a round the killed run logged after its checkpoint
         f.write(json.dumps({"round": 2, "rollout/success": 0.0}) + "\n")
     resumed = FakeTrainer(config(1, rounds=4))
@@ -268,10 +269,14 @@ def test_a_resumed_async_run_continues_from_its_checkpoint_with_new_draws(tmp_pa
     seen: list[int] = []
     original = resumed.sample_tasks
     resumed.sample_tasks = lambda pool, d: (seen.append(d), original(pool, d))[1]
+    issued: set[tuple[int, str]] = set()
     with workers() as w:
+        put = w.jobs.put
+        w.jobs.put = lambda job, *a, **k: (issued.add((job.draw, job.task.task_id)), put(job, *a, **k))[1]
         curve = train_async(resumed, w, tasks(), tmp_path, progress=False)
     assert [c["round"] for c in curve] == [0, 1, 2, 3] and "rollout/episodes" in curve[2]
-    assert min(seen) == draws  # no draw (and so no episode seed) of the killed run is reused
+    assert not issued & trained  # a group the killed run trained is not rolled out again
+    assert min(seen) == point["draws"]  # the oldest draw with a group the killed run had not trained
     assert [r for r, _ in resumed.trained] == [2, 3]
     assert all(int(v) >= 2 for _, vs in resumed.trained for v in vs)  # the workers began at the checkpoint
 

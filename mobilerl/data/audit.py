@@ -208,6 +208,31 @@ def audit_store(
     return report
 
 
+def audit_files(root: str | Path, canaries: Mapping[str, str], *, name: str | None = None,
+                report: AuditReport | None = None) -> AuditReport:
+    """Audit every file under ``root`` that is not a trajectory store (an RL run's ``rl.work`` left by a killed
+    run: checkpoints, weights, curves): each file's bytes, read as text, for the planted ``canaries`` (exact or by
+    their digits); the detectors too for the files that are text records (``.json``, ``.jsonl``, ``.txt``)."""
+    root = Path(root)
+    report = report or AuditReport()
+    store = name or root.name
+    stats: Counter = Counter()
+    pats = canary_patterns(canaries)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        text = path.read_bytes().decode("utf-8", errors="ignore")
+        stats["files"] += 1
+        where = str(path.relative_to(root))
+        if path.suffix in (".json", ".jsonl", ".txt"):
+            _scan_text(text, canaries, pats, set(), where, store, "-", report.findings, stats)
+        else:
+            for c in find_canaries(text, canaries, pats):
+                report.findings.append(Finding(store, "-", where, "canary", canaries[c], "planted",
+                                               fingerprint(c)[:12], "(in a binary file)"))
+    stats["findings"] = sum(1 for f in report.findings if f.store == store)
+    report.stores[store] = dict(stats)
+    return report
+
+
 def find_stores(root: str | Path) -> list[Path]:
     """Every trajectory store (a directory with ``trajectories.parquet``) under ``root``."""
     root = Path(root)

@@ -20,10 +20,13 @@ version; the per-token behaviour logprobs are the engine's either way, and the r
 so staleness is never under-counted. The correction is the trainer's (``rl.tis_cap``: ratio against π_old,
 weight min(π_old/π_behaviour, C), :func:`mobilerl.rl.loss.tis_weights`).
 
-Resume: the checkpoint is the synchronous mode's (every ``checkpoint_every`` rounds); episodes in flight and
-groups not yet trained are discarded when a run is killed, and the resumed run goes on with new draws
-(``async.json`` keeps the draw counter, so no draw's episode seeds repeat). Unlike the synchronous mode, a
-resumed run is not the uninterrupted one: which episodes finish first depends on timing.
+Order: a round trains its groups in (draw, task) order and each group's episodes in trial order, whatever order
+they ended in. Resume: the checkpoint is the synchronous mode's (every ``checkpoint_every`` rounds), with
+``async.json`` (:meth:`Scheduler.resume_point`): the oldest draw with a group not yet trained and the groups of
+it that were. Episodes in flight when a run is killed are lost; the resumed run issues those groups again with
+their own seeds. With ``max_staleness`` 0 (each round's groups sampled by the weights of the round before) a
+resumed run is the uninterrupted one; with more, which episodes end first, and so which version samples them,
+depends on timing.
 """
 
 from __future__ import annotations
@@ -62,18 +65,21 @@ class Scheduler:
     """
 
     def __init__(self, workers: Workers, sample: Callable[[int], Sequence[TaskSpec]], groups: int, n: int,
-                 max_staleness: int, seed: int, version: int = 0, draw: int = 0) -> None:
+                 max_staleness: int, seed: int, version: int = 0, draw: int = 0,
+                 trained: set[tuple[int, str]] | None = None) -> None:
         self.workers, self.sample, self.groups, self.n = workers, sample, groups, n
         self.max_staleness, self.seed = max_staleness, seed
         self.version = self.start_version = version
         self.draw = draw
+        self.trained = set(trained or ())  # (draw, task) of draw >= ``draw`` a resumed run trained already
         self.lock = threading.Lock()
         self.issued = 0  # groups
         self.completed = 0  # episodes
         self.loads: list[tuple[int, int, float]] = []  # (worker, version, seconds)
-        self._queued: deque[tuple[int, int, TaskSpec]] = deque()  # (draw, base seed, task) not yet issued
-        self._pending: dict[tuple[int, str], list[Trajectory]] = {}
-        self._ready: deque[list[Trajectory]] = deque()
+        self._queued: deque[tuple[int, int, int, TaskSpec]] = deque()  # (draw, position, base seed, task)
+        self._pending: dict[tuple[int, str], tuple[int, list[Trajectory]]] = {}  # (draw, task) -> position, episodes
+        self._ready: deque[tuple[int, int, list[Trajectory]]] = deque()  # (draw, position, episodes by trial)
+        self._done: set[tuple[int, str]] = set()  # groups taken by the trainer, of draws not yet all taken
         self._cv = threading.Condition()
         self._halt = threading.Event()
         self._error: BaseException | None = None
@@ -106,15 +112,28 @@ class Scheduler:
             self.version = version
 
     def take(self) -> tuple[list[list[Trajectory]], float]:
-        """Wait for G complete groups (completion order); returns them and the seconds waited."""
+        """Wait for the first G groups to complete; returns them in (draw, task) order, each group's episodes in
+        trial order (so what a round trains does not depend on which episode ended first), and the seconds
+        waited."""
         t0 = time.perf_counter()
         with self._cv:
             while len(self._ready) < self.groups:
                 if self._error is not None:
                     raise RuntimeError(f"rl async: the rollout side failed: {self._error!r}") from self._error
                 self._cv.wait(0.1)
-            out = [self._ready.popleft() for _ in range(self.groups)]
-        return out, time.perf_counter() - t0
+            out = sorted((self._ready.popleft() for _ in range(self.groups)), key=lambda x: x[:2])
+        with self.lock:
+            self._done |= {(d, g[0].task_id) for d, _, g in out}
+        return [g for _, _, g in out], time.perf_counter() - t0
+
+    def resume_point(self) -> dict[str, Any]:
+        """Where a resumed run starts issuing: the oldest draw with a group not yet trained, and the groups of
+        that draw on that the trainer took already (they are not issued again)."""
+        with self.lock, self._cv:
+            open_draws = [d for d, *_ in self._queued] + [d for d, _ in self._pending] + [d for d, *_ in self._ready]
+            oldest = min(open_draws, default=self.draw)
+            self._done = {(d, t) for d, t in self._done if d >= oldest}
+            return {"draws": oldest, "trained": sorted([d, t] for d, t in self._done)}
 
     def backlog(self) -> tuple[int, int]:
         """Complete groups waiting for the trainer, and episodes issued but not yet ended."""
@@ -131,10 +150,12 @@ class Scheduler:
                         raise RuntimeError(f"the task sampler returned no task for draw {self.draw} "
                                            "(every task removed by FCF?)")
                     base = stable_seed(self.seed, "async-rollout", self.draw)
-                    self._queued.extend((self.draw, base, t) for t in tasks)
+                    self._queued.extend((self.draw, i, base, t) for i, t in enumerate(tasks)
+                                        if (self.draw, t.task_id) not in self.trained)
                     self.draw += 1
-                d, base, task = self._queued.popleft()
-                self._pending[(d, task.task_id)] = []
+                    continue
+                d, pos, base, task = self._queued.popleft()
+                self._pending[(d, task.task_id)] = (pos, [])
                 for j in range(self.n):
                     self.workers.jobs.put(Job(d, task, j, episode_seed(base, task.task_id, j)))
                 self.issued += 1
@@ -152,13 +173,14 @@ class Scheduler:
                     self.loads.append(item[1:])
                     continue
                 _, d, traj = item
-                group = self._pending[(d, traj.task_id)]
+                pos, group = self._pending[(d, traj.task_id)]
                 group.append(traj)
                 self.completed += 1
                 if len(group) == self.n:
-                    del self._pending[(d, traj.task_id)]
+                    with self.lock:
+                        del self._pending[(d, traj.task_id)]
                     with self._cv:
-                        self._ready.append(group)
+                        self._ready.append((d, pos, sorted(group, key=lambda t: t.trial)))
                         self._cv.notify_all()
         except BaseException as e:  # noqa: BLE001 - the trainer thread raises it from take()
             self._error = e
@@ -203,9 +225,10 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
     max_staleness = cfg.async_.max_staleness
     curve_path, curve = open_curve(work, trainer.round)
     draws_path = work / "async.json"
-    draw = json.loads(draws_path.read_text())["draws"] if trainer.round and draws_path.exists() else 0
+    point = json.loads(draws_path.read_text()) if trainer.round and draws_path.exists() else {"draws": 0}
     sched = Scheduler(workers, lambda d: trainer.sample_tasks(pool, d), s.train_batch_size, s.samples_per_task,
-                      max_staleness, cfg.seed, trainer.round, draw)
+                      max_staleness, cfg.seed, trainer.round, point["draws"],
+                      {(d, t) for d, t in point.get("trained", [])})
 
     def publish(v: int) -> None:
         path = work / f"policy.v{v}.safetensors"
@@ -213,9 +236,9 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
         sched.publish(v, path)
         (work / f"policy.v{v - 3}.safetensors").unlink(missing_ok=True)  # no worker still loads one that old
 
-    def save_draws() -> None:  # before the checkpoint: a count ahead of it is harmless
+    def save_draws() -> None:  # with the checkpoint: the resumed run issues what this one had not trained yet
         tmp = draws_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"draws": sched.draw}))
+        tmp.write_text(json.dumps(sched.resume_point()))
         tmp.replace(draws_path)
 
     if trainer.round > 0:
