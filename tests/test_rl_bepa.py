@@ -198,7 +198,7 @@ def test_a_round_with_bepa_trains_on_the_injected_success_but_the_curriculum_see
     assert len(workers.calls) == 3  # round 0: on-policy + seeding; round 1: on-policy only
     assert all(c["rollout/success"] == 0.0 for c in curve)  # on-policy metrics: the injection is not counted
     assert trainer.curriculum.failures == {t.task_id: 2 for t in pool}  # FCF sees two all-zero rounds
-    assert "bepa" in trainer.state_dict() and "bepa" not in Trainer(
+    assert "bepa" in trainer.state_dict()["hooks"] and "hooks" not in Trainer(
         RLConfig(), torch.nn.Linear(2, 2), lambda req: [], 0, FMT).state_dict()
 
     # resumed after round 0: the cache and the seeded tasks come back, so round 1 neither seeds again nor misses

@@ -76,12 +76,12 @@ def test_curator_tracks_recent_success_and_names_bad_bounds():
     cur.update("b", [0, 1, 0, 0])
     cur.update("b", [1, 1])  # window 4: the last four outcomes are 0, 0, 1, 1
     assert cur.success_rate("a") == 1.0 and cur.success_rate("b") == 0.5
-    counts = cur.rollout_counts(["a", "b", "new"])
+    counts, m = cur.rollout_counts(["a", "b", "new"])
     assert sum(counts) == 24 and counts[0] < counts[1] == counts[2]
-    assert cur.metrics["dart/rollouts_per_task_mean"] == 8.0
+    assert m["dart/rollouts_per_task_mean"] == 8.0
     restored = DartCurator(2, 12, 8, window=4)
     restored.load_state_dict(cur.state_dict())
-    assert restored.rollout_counts(["a", "b", "new"]) == counts
+    assert restored.rollout_counts(["a", "b", "new"])[0] == counts
     with pytest.raises(ValueError, match="rl.dart.max_rollouts"):
         DartCurator(2, 6, 8)
 

@@ -209,9 +209,10 @@ RUN = """
 import json, sys
 from pathlib import Path
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl import trainer
+from mobilerl.rl import round as rl_round
+from mobilerl.rl import run as rl_run
 
-def make_groups(trajs, _real=trainer.make_groups):
+def make_groups(trajs, _real=rl_round.make_groups):
     # a stand-in verifier: the tiny base solves nothing, so every other episode of a task succeeds and every
     # group has an advantage to train on
     for i, t in enumerate(trajs):
@@ -219,9 +220,9 @@ def make_groups(trajs, _real=trainer.make_groups):
     return _real(trajs)
 
 if __name__ == "__main__":  # the rollout workers are spawned: they import this file
-    trainer.make_groups = make_groups
+    rl_round.make_groups = make_groups
     cfg = RLConfig.model_validate(json.loads(sys.argv[1]))
-    summary, curve = trainer.run(cfg, Path(sys.argv[2]), progress=False)
+    summary, curve = rl_run.run(cfg, Path(sys.argv[2]), progress=False)
     print("RANK_RESULT", json.dumps({"rounds": len(curve), "train": [c.get("train/rows", 0.0) for c in curve]}))
 """
 

@@ -224,22 +224,42 @@ def _stage_root(tmp: Path) -> Path:
     return stage_root(tmp, short_tasks(4), [3, 4, 5, 6])
 
 
+# world/train tasks the tiny base solves now and then at T = 1 (a count it can guess, a song it can play): a run
+# from it trains, so the kill -9 tests compare trained weights
+SOLVABLE = ("world/train/GalleryCameraFolderCount/5", "world/train/GalleryCameraFolderCount/8",
+            "world/train/RetroPlaySong/2")
+
+
+def _solvable_root(tmp: Path) -> Path:
+    from mobilerl.env.sim.tasks.registry import get_task
+
+    tasks = [dataclasses.replace(get_task(t), complexity=0.5) for t in SOLVABLE]  # 5 steps an episode
+    return stage_root(tmp, tasks)
+
+
 @pytest.mark.slow
-def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("loop", ["sync", "async"])
+def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_path, loop):
+    """A run that trains is killed after a checkpoint, leaves nothing readable behind, and resumes to the weights
+    of the uninterrupted run (the asynchronous loop at max_staleness 0, whose rounds are deterministic)."""
     from safetensors.torch import load_file
+
+    from mobilerl.data.audit import audit_files, sim_canaries
 
     def cfg(name: str) -> str:
         return json.dumps({"init": str(BASE), "out": f"out_{name}", "work": f"work_{name}", "rounds": 3,
-                           "checkpoint_every": 1, "rollout_processes": 1, "max_batch": 1,
-                           "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16,
-                                                   "learning_rate": 1e-3}})
+                           "checkpoint_every": 1, "rollout_processes": 1, "max_batch": 1, "fcf": False,
+                           "state_key": str(tmp_path / "keys" / "rl.key"),
+                           **({"async": {"max_staleness": 0}} if loop == "async" else {}),
+                           "overrides": {"train_batch_size": 3, "samples_per_task": 4, "max_new_tokens": 48,
+                                         "learning_rate": 1e-3}})
 
-    root = _stage_root(tmp_path)
+    root = _solvable_root(tmp_path)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    subprocess.run([sys.executable, "-c", RUN, cfg("a"), str(root)], check=True, env=env, timeout=600)
+    subprocess.run([sys.executable, "-c", RUN, cfg("a"), str(root)], check=True, env=env, timeout=900)
     proc = subprocess.Popen([sys.executable, "-c", RUN, cfg("b"), str(root)], env=env)
     curve = root / "work_b" / "curve.jsonl"
-    deadline = time.time() + 600
+    deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
         if curve.exists() and len(curve.read_text().splitlines()) >= 2:
             break
@@ -251,12 +271,28 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
     gone, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, f"rollout workers outlived the killed run: {alive}"
     assert not (root / "out_b").exists()
-    subprocess.run([sys.executable, "-c", RUN, cfg("b"), str(root)], check=True, env=env, timeout=600)
+    # what the killed run left: its buffer holds the episodes' screens (contacts, files, ...), sealed at rest
+    work = root / "work_b"
+    state = load_state_of(work, tmp_path / "keys" / "rl.key")
+    assert state["buffer"]["entries"], "the killed run had no success in its buffer: nothing was at risk"
+    for f in ("state.pt", "state.enc"):
+        assert (work / f).stat().st_mode & 0o777 == 0o600
+    canaries = {v: c for t in SOLVABLE for v, c in sim_canaries(t)}
+    assert canaries and not audit_files(work, canaries).findings
+    subprocess.run([sys.executable, "-c", RUN, cfg("b"), str(root)], check=True, env=env, timeout=900)
     a, b = load_file(root / "out_a" / "model.safetensors"), load_file(root / "out_b" / "model.safetensors")
+    init = load_file(BASE / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], init[k]) for k in a), "the run did not train"
     rounds = [json.loads(x)["round"] for x in curve.read_text().splitlines()]
     assert rounds == [0, 1, 2]
-    assert not (root / "work_b" / "state.pt").exists()  # its buffer's unmasked trajectories are gone with the run
+    assert not (work / "state.pt").exists() and not (work / "state.enc").exists()  # gone with the run
+
+
+def load_state_of(work: Path, key_file: Path) -> dict:
+    from mobilerl.rl.checkpoint import load_state, state_key
+
+    return load_state(work, state_key(key_file))
 
 
 def test_config_names_a_bad_override_and_the_pool_keeps_short_templates(tmp_path):
