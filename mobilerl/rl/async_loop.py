@@ -20,8 +20,8 @@ version; the per-token behaviour logprobs are the engine's either way, and the r
 so staleness is never under-counted. The correction is the trainer's (``rl.tis_cap``: ratio against π_old,
 weight min(π_old/π_behaviour, C), :func:`mobilerl.rl.loss.tis_weights`).
 
-Order: a round trains its groups in (draw, task) order and each group's episodes in trial order, whatever order
-they ended in. Resume: the checkpoint is the synchronous mode's (every ``checkpoint_every`` rounds), with
+Order: a round trains its groups, and each group its episodes, in the order they ended (reproducible with one
+worker and one-row decoding batches, not by construction). Resume: the checkpoint is the synchronous mode's (every ``checkpoint_every`` rounds), with
 ``async.json`` (:meth:`Scheduler.resume_point`): the oldest draw with a group not yet trained and the groups of
 it that were. Episodes in flight when a run is killed are lost; the resumed run issues those groups again with
 their own seeds. With ``max_staleness`` 0 (each round's groups sampled by the weights of the round before) a
@@ -112,16 +112,14 @@ class Scheduler:
             self.version = version
 
     def take(self) -> tuple[list[list[Trajectory]], float]:
-        """Wait for the first G groups to complete; returns them in (draw, task) order, each group's episodes in
-        trial order (so what a round trains does not depend on which episode ended first), and the seconds
-        waited."""
+        """Wait for G complete groups; returns them in completion order, and the seconds waited."""
         t0 = time.perf_counter()
         with self._cv:
             while len(self._ready) < self.groups:
                 if self._error is not None:
                     raise RuntimeError(f"rl async: the rollout side failed: {self._error!r}") from self._error
                 self._cv.wait(0.1)
-            out = sorted((self._ready.popleft() for _ in range(self.groups)), key=lambda x: x[:2])
+            out = [self._ready.popleft() for _ in range(self.groups)]
         with self.lock:
             self._done |= {(d, g[0].task_id) for d, _, g in out}
         return [g for _, _, g in out], time.perf_counter() - t0
@@ -180,7 +178,7 @@ class Scheduler:
                     with self.lock:
                         del self._pending[(d, traj.task_id)]
                     with self._cv:
-                        self._ready.append((d, pos, sorted(group, key=lambda t: t.trial)))
+                        self._ready.append((d, pos, group))
                         self._cv.notify_all()
         except BaseException as e:  # noqa: BLE001 - the trainer thread raises it from take()
             self._error = e
