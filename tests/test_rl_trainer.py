@@ -328,6 +328,13 @@ def test_the_resume_state_at_rest_is_sealed_private_and_loads_no_code(tmp_path):
         assert (work / f).stat().st_mode & 0o777 == 0o600
         raw = (work / f).read_bytes()
         assert all(s.encode() not in raw for s in ("Jane Roe", "555 0123", "jane.roe", "Elm St")), f
+    from mobilerl.data.audit import audit_files
+
+    canaries = {"Jane Roe": "name", "+1 415 555 0123": "phone", "jane.roe@example.com": "email"}
+    assert not audit_files(work, canaries).findings
+    (work / "leak.pt").write_bytes(json.dumps(traj.to_dict()).encode())  # what an unsealed state would hold
+    assert {f.category for f in audit_files(work, canaries).findings} >= {"name", "phone", "email"}
+    (work / "leak.pt").unlink()
     restored = Trainer(RLConfig(overrides={"kl_coef": 0.0}), torch.nn.Linear(2, 2), lambda req: [], 0, FMT)
     restored.load_state_dict(load_state(work, key))
     assert restored.buffer.entries[0].trajectory.instruction == planted  # the exact text the policy saw

@@ -212,7 +212,8 @@ def audit_files(root: str | Path, canaries: Mapping[str, str], *, name: str | No
                 report: AuditReport | None = None) -> AuditReport:
     """Audit every file under ``root`` that is not a trajectory store (an RL run's ``rl.work`` left by a killed
     run: checkpoints, weights, curves): each file's bytes, read as text, for the planted ``canaries`` (exact or by
-    their digits); the detectors too for the files that are text records (``.json``, ``.jsonl``, ``.txt``)."""
+    their digits); the detectors too on the text of text records: the strings of ``.json`` / ``.jsonl`` files
+    (their numbers, metrics, are no personal data), the whole of ``.txt`` files."""
     root = Path(root)
     report = report or AuditReport()
     store = name or root.name
@@ -223,14 +224,41 @@ def audit_files(root: str | Path, canaries: Mapping[str, str], *, name: str | No
         stats["files"] += 1
         where = str(path.relative_to(root))
         if path.suffix in (".json", ".jsonl", ".txt"):
-            _scan_text(text, canaries, pats, set(), where, store, "-", report.findings, stats)
-        else:
-            for c in find_canaries(text, canaries, pats):
-                report.findings.append(Finding(store, "-", where, "canary", canaries[c], "planted",
-                                               fingerprint(c)[:12], "(in a binary file)"))
+            strings = text if path.suffix == ".txt" else "\n".join(_json_strings(text))
+            _scan_text(strings, {}, [], set(), where, store, "-", report.findings, stats)
+        for c in find_canaries(text, canaries, pats):
+            report.findings.append(Finding(store, "-", where, "canary", canaries[c], "planted",
+                                           fingerprint(c)[:12], "(planted value)"))
     stats["findings"] = sum(1 for f in report.findings if f.store == store)
     report.stores[store] = dict(stats)
     return report
+
+
+def _json_strings(text: str) -> list[str]:
+    """Every string (keys included) of a JSON document or of each line of a JSON-lines file; the raw text where
+    it does not parse."""
+    out: list[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                out.append(str(k))
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    try:
+        walk(json.loads(text))
+    except ValueError:
+        for line in text.splitlines():
+            try:
+                walk(json.loads(line))
+            except ValueError:
+                out.append(line)
+    return out
 
 
 def find_stores(root: str | Path) -> list[Path]:
