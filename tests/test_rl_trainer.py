@@ -238,6 +238,7 @@ def _solvable_root(tmp: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("loop", ["sync", "async"])
 def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_path, loop):
     """A run that trains is killed after a checkpoint, leaves nothing readable behind, and resumes to the weights
@@ -247,7 +248,7 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
     from mobilerl.data.audit import audit_files, sim_canaries
 
     def cfg(name: str) -> str:
-        return json.dumps({"init": str(BASE), "out": f"out_{name}", "work": f"work_{name}", "rounds": 3,
+        return json.dumps({"init": str(BASE), "out": f"out_{name}", "work": f"work_{name}", "rounds": 2,
                            "checkpoint_every": 1, "rollout_processes": 1, "max_batch": 1, "fcf": False,
                            "state_key": str(tmp_path / "keys" / "rl.key"),
                            **({"async": {"max_staleness": 0}} if loop == "async" else {}),
@@ -261,7 +262,7 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
     curve = root / "work_b" / "curve.jsonl"
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
-        if curve.exists() and len(curve.read_text().splitlines()) >= 2:
+        if curve.exists() and len(curve.read_text().splitlines()) >= 1:  # round 0 checkpointed
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before it could be killed"
@@ -285,7 +286,7 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], init[k]) for k in a), "the run did not train"
     rounds = [json.loads(x)["round"] for x in curve.read_text().splitlines()]
-    assert rounds == [0, 1, 2]
+    assert rounds == [0, 1]
     assert not (work / "state.pt").exists() and not (work / "state.enc").exists()  # gone with the run
 
 
