@@ -58,8 +58,10 @@ compose: $(COMPOSE_BIN)
 
 setup: $(BIN)/.installed system-deps compose
 
+# Two xdist workers, whole files each, in the order tests/conftest.py sets (the smoke pipeline's file first).
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 
 lint: setup
 	$(BIN)/ruff check mobilerl tests scripts

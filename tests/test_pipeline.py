@@ -180,7 +180,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("MOBILERL_PARENT_RUN_ID", raising=False)
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=180):  # ~10 s on idle cores, far more beside another worker
         summary = mobilerl(preset="smoke", isolated=True, keep_workdir=True)
     work = Path(summary["workdir"])
     try:
