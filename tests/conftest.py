@@ -15,6 +15,7 @@ import pytest
 # Longest first (seconds on 2 idle cores, measured with --durations): the files that decide the makespan.
 LONG_FILES = (
     "test_pipeline.py",
+    "test_rl_trainer.py",  # its two kill -9 runs (sync, async)
 )
 FIRST_TESTS = ("test_smoke_deployment_end_to_end_and_selective_repro",)
 
