@@ -143,8 +143,22 @@ def _older(traj: Trajectory, shifts: list[float]) -> Trajectory:
     return old
 
 
-def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
+def _current_stats(trainer, backend, traj: Trajectory, advantage: float):
+    """``traj``'s off-policy rows, each step's token logprobs under the trainer's policy (one forward a step), and
+    each step's log ρ against its behaviour logprobs."""
     from mobilerl.rl.batch import collate, rows_logprobs, trajectory_rows
+
+    plain = trajectory_rows(traj, advantage, trainer.fmt, backend.prompt_ids, on_policy=False)
+    with torch.no_grad():
+        cur = [rows_logprobs(trainer.model, collate([r], backend.pad_id), 1.0)[0][0, : len(r.response_ids)].tolist()
+               for r in plain]
+    log_rho = torch.tensor([sum(c) - sum(r.behaviour_logprobs) for c, r in zip(cur, plain, strict=True)],
+                           dtype=torch.float64)
+    return plain, cur, log_rho
+
+
+def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
+    from mobilerl.rl.batch import collate, rows_logprobs
     from mobilerl.rl.loss import policy_loss
 
     backend, trajs = sampled
@@ -158,12 +172,7 @@ def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
     rows, m = trainer.batch([], 1)
     assert m["distrl/replayed"] == 1 and len(rows) == n_steps and not any(r.on_policy for r in rows)
     # the expected weights, from the current policy's logprobs of each step on its own
-    plain = trajectory_rows(old, 1.5, trainer.fmt, backend.prompt_ids, on_policy=False)
-    with torch.no_grad():
-        cur = [rows_logprobs(trainer.model, collate([r], backend.pad_id), 1.0)[0][0, : len(r.response_ids)].tolist()
-               for r in plain]
-    log_rho = torch.tensor([sum(c) - sum(r.behaviour_logprobs) for c, r in zip(cur, plain, strict=True)],
-                           dtype=torch.float64)
+    plain, cur, log_rho = _current_stats(trainer, backend, old, 1.5)
     c = 0.9 * torch.exp(log_rho.clamp(max=0.0))
     expect = [1.5 * float(torch.prod(c[t + 1:])) for t in range(n_steps)]
     assert [r.advantage for r in rows] == pytest.approx(expect, rel=1e-4)
@@ -188,7 +197,6 @@ def test_a_replayed_rows_loss_uses_its_retrace_weights(sampled):
 def test_with_bepa_on_too_the_drawn_entry_is_refreshed_from_its_own_rows(sampled):
     """BEPA's injected success is off-policy (an older policy sampled it) and comes after DPER's draw: the drawn
     entry's ρ̄ and H̄ must still come from the drawn trajectory's rows."""
-    from mobilerl.rl.batch import collate, rows_logprobs, trajectory_rows
     from mobilerl.rl.groups import Group, score_groups
 
     backend, trajs = sampled
@@ -205,12 +213,7 @@ def test_with_bepa_on_too_the_drawn_entry_is_refreshed_from_its_own_rows(sampled
     score_groups([group], 1.0, None, torch.Generator().manual_seed(0))
     rows, m = trainer.batch([group], 3)
     assert m["distrl/replayed"] == 1 and sum(not r.on_policy for r in rows) > sum(1 for s in old.steps if s.token_ids)
-    plain = trajectory_rows(old, 1.5, trainer.fmt, backend.prompt_ids, on_policy=False)
-    with torch.no_grad():
-        cur = [rows_logprobs(trainer.model, collate([r], backend.pad_id), 1.0)[0][0, : len(r.response_ids)].tolist()
-               for r in plain]
-    log_rho = torch.tensor([sum(c) - sum(r.behaviour_logprobs) for c, r in zip(cur, plain, strict=True)],
-                           dtype=torch.float64)
+    plain, cur, log_rho = _current_stats(trainer, backend, old, 1.5)
     e = distrl.buffer.entries[0]
     assert e.trajectory is old
     assert e.rho_mean == pytest.approx(float(torch.exp(log_rho.clamp(max=0.0)).mean()), rel=1e-4)
