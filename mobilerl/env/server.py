@@ -59,9 +59,10 @@ class EnvServerBusy(EnvCrashed):
 ECHO_CHARS = 200  # the most of a client's input an error message repeats
 
 # A task id: up to four "/"-separated names (suite/split/template/index, or AndroidWorld's bare task type);
-# a numeric last segment is a canonical index (no sign, leading zero, "_", space or non-ASCII digit).
+# a numeric segment is a canonical index (no sign, leading zero, "_", space or non-ASCII digit).
 _TASK_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,127}"
-TASK_ID_PATTERN = rf"^(?:{_TASK_NAME}/){{0,3}}(?:{_TASK_NAME}|0|[1-9][0-9]{{0,5}})$"
+_TASK_SEGMENT = rf"(?:{_TASK_NAME}|0|[1-9][0-9]{{0,5}})"  # a name, or a canonical index (no 07, 1_0, ٣)
+TASK_ID_PATTERN = rf"^(?:{_TASK_SEGMENT}/){{0,3}}{_TASK_SEGMENT}$"
 TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN, max_length=512)]
 SessionId = Annotated[str, StringConstraints(max_length=128)]
 _Name = Annotated[str, StringConstraints(max_length=256)]

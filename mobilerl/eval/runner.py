@@ -54,7 +54,7 @@ async def evaluate(
     append: bool = False,
     inline_env: bool | None = None,
     env_servers: EnvServers | None = None,
-    env_retries: int = 2,
+    env_retries: int = 0,
 ) -> list[Trajectory]:
     """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
 
@@ -83,7 +83,8 @@ async def evaluate(
         env_servers: run the episodes on these env servers instead (:mod:`mobilerl.env.cluster`: placement by
             free capacity, health checks, retries); the env options above are then unused.
         env_retries: times an episode whose env failed (:func:`~mobilerl.eval.metrics.is_env_error`) is run
-            again, same task, trial and seed, after the others; one still failing keeps its error.
+            again, same task, trial and seed, after the others; one still failing keeps its error (0: none; RL drops
+            and counts them instead, the evaluate stage sets its own).
 
     An episode whose env crashes, times out or cannot be leased (``error="env: ..."``), or whose policy
     cannot be built (``"policy: ..."``), ends with ``Trajectory.error`` set; the others go on. The pool

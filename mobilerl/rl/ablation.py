@@ -170,7 +170,8 @@ def evaluate_policy(name: str, cfg: RLConfig, tasks: list[TaskSpec], processes: 
         return run_checkpoint(name, tasks, ecfg, root, out_path=out_path)
     policy = checkpoint_policy(name, ecfg.checkpoints[name], ecfg, root)
     return evaluate_sync(policy.with_seed, tasks, concurrency=ecfg.model_concurrency, perturb=ecfg.perturb,
-                         base_seed=ecfg.seed, progress=False, out_path=out_path, obs_mode=policy.obs_mode)
+                         base_seed=ecfg.seed, progress=False, out_path=out_path, obs_mode=policy.obs_mode,
+                         env_retries=ecfg.env_retries)
 
 
 def run_cell(spec: dict[str, Any], where: Path, root: Path = ROOT) -> dict[str, Any]:
