@@ -149,6 +149,13 @@ class Trajectory:
         """``task_id#trial``: unique within one collection."""
         return f"{self.task_id}#{self.trial}"
 
+    def __post_init__(self) -> None:
+        if self.error_kind is None and self.error:  # a record written before error kinds: its message's prefix
+            head = str(self.error).split(":", 1)[0]
+            self.error_kind = head if head in ("env", "policy") else "env"  # "runner: ..." is infrastructure
+        elif self.error_kind is not None and self.error_kind not in ERROR_KINDS:
+            raise ValueError(f"trajectory: error_kind {self.error_kind!r} is not one of {list(ERROR_KINDS)}")
+
     def fail(self, kind: ErrorKind, message: str) -> None:
         """Record the env or policy failure that cut the episode short."""
         if kind not in ("env", "policy"):
@@ -211,12 +218,6 @@ class Trajectory:
         kwargs["subgoals"] = [bool(v) for v in kwargs.get("subgoals", [])]
         if not isinstance(kwargs.get("meta", {}), dict):
             raise ValueError("trajectory: 'meta' must be an object")
-        kind = kwargs.get("error_kind")
-        if kind is None and kwargs.get("error"):  # a record written before error kinds: its message's prefix
-            head = str(kwargs["error"]).split(":", 1)[0]
-            kwargs["error_kind"] = head if head in ("env", "policy") else "env"
-        elif kind is not None and kind not in ERROR_KINDS:
-            raise ValueError(f"trajectory: error_kind {kind!r} is not one of {list(ERROR_KINDS)}")
         try:
             traj = cls(**kwargs)
         except TypeError as e:
