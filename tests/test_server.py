@@ -246,16 +246,7 @@ def test_serve_smoke_prints_a_token_and_serves(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, err_path.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
+        _wait_up(url, proc, 20, lambda: err_path.read_text())
         token = err_path.read_text().split("MOBILERL_ENV_TOKEN on clients): ", 1)[1].split()[0]
         assert httpx.post(f"{url}/reset", json={"task": "c/1"}).status_code == 401
 
@@ -269,6 +260,20 @@ def test_serve_smoke_prints_a_token_and_serves(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _wait_up(url: str, proc, timeout: float, died) -> None:
+    """Until ``url/health`` answers 200; fails with ``died()`` if the server process exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, died()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("render", [True, False])
@@ -285,16 +290,7 @@ def test_cli_env_serve_render_serves_screenshots(render):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"env serve exited with {proc.returncode}"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+        _wait_up(url, proc, 60, lambda: f"env serve exited with {proc.returncode}")
         r = httpx.post(f"{url}/reset", json={"task": "world/test/CameraTakePhoto/0"}, headers=AUTH, timeout=30)
         assert r.status_code == 200, r.text
         shot = r.json()["observation"]["screenshot_png_b64"]

@@ -2,7 +2,7 @@
 runner, with the trainer's latest weights.
 
 Each worker loads the init checkpoint once; before a round it loads the weights file the trainer wrote if its
-version is newer (an in-place ``load_state_dict``, which also invalidates the backend's prefix cache). The
+version is newer (``HFBackend.load_weights``: in place, between batches, its caches dropped). The
 episodes of a round are split over the workers task by task; an episode's sampling seed depends on its task,
 trial and the round's base seed only, so the split does not change what is sampled.
 """
