@@ -57,9 +57,11 @@ class FakeDevice(AsyncEnvBase):
         self.answer: str | None = None
         self.status: str | None = None
         self.actions: list[dict[str, Any]] = []
+        self.resets = 0
         self.closed = False
 
     def reset(self, go_home: bool = False) -> State:
+        self.resets += 1
         if go_home:
             self.app = "Home"
         self.typed, self.answer, self.status = [], None, None

@@ -8,20 +8,18 @@ Every server test runs on two servers of each kind (tests/androidworld_stub.py):
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 import yaml
-from androidworld_stub import REGISTRY, HEIGHT, WIDTH, Served, real_app, real_source, solve, standin_app
-from tiny_checkpoint import session_checkpoint
+from androidworld_stub import HEIGHT, REGISTRY, WIDTH, Served, real_app, real_source, solve, standin_app
 
 from mobilerl.agent.policy import PolicyOutput
 from mobilerl.config import ParamsError, validate_section
 from mobilerl.env.actions import Action
 from mobilerl.env.androidworld import AndroidWorldConfig, AndroidWorldEnv, androidworld_tasks
-from mobilerl.env.base import EnvError
+from mobilerl.env.base import EnvError, TaskSpec
 from mobilerl.env.factory import env_factory, make_env
 from mobilerl.eval.runner import evaluate_sync
 
@@ -192,7 +190,7 @@ def screenshot_profile(monkeypatch, tmp_path: Path) -> str:
     return "tiny_shots"
 
 
-def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, monkeypatch, tmp_path_factory, tmp_path):
+def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, monkeypatch, tmp_path):
     """Acceptance: the `evaluate` stage's run of a checkpoint (and the random baseline) against the AndroidWorld
     servers completes with one result per task, and the summary counts them."""
     import contextlib
@@ -202,7 +200,7 @@ def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, mo
     from mobilerl.eval.config import EvaluateConfig, check_policies
     from mobilerl.trajectory import read_jsonl
 
-    ckpt = session_checkpoint(tmp_path_factory)
+    ckpt = ROOT / "models" / "tiny-base"
     profile = screenshot_profile(monkeypatch, tmp_path)
     run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r"))
     monkeypatch.setattr(B.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
@@ -225,22 +223,41 @@ def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, mo
 
 
 def test_rl_stage_trains_on_androidworld_servers(servers, monkeypatch, tmp_path):
-    """`rl` with `suite: androidworld`: the pool is the servers' suite, a round's episodes run on them through the
-    rollout worker, the update runs and the trained policy is written."""
+    """`rl` with `suite: androidworld`: the pool is the servers' suite, a round's episodes run on them through a
+    rollout engine (weights pushed by reload), the round completes and the policy is written."""
+    from mobilerl.models.hf_backend import HFBackend
+    from mobilerl.models.serve_openai import ServerThread
+    from mobilerl.models.weight_server import TorchEngineWeights, WeightServer
     from mobilerl.rl.config import RLConfig
     from mobilerl.rl.run import run as run_stage
 
     profile = screenshot_profile(monkeypatch, tmp_path)
-    cfg = RLConfig(profile=profile, init=str(ROOT / "models" / "tiny-base"), out="out", work="work", rounds=1,
-                   suite="androidworld", rollout_processes=1, max_batch=4, rollout_concurrency=4,
-                   androidworld={"urls": [s.url for s in servers], "max_steps": 2, "timeout_s": 30},
-                   overrides={"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16})
-    summary, curve = run_stage(cfg, tmp_path, progress=False)
+    base = ROOT / "models" / "tiny-base"
+    engine = HFBackend.from_pretrained(base, device="cpu", max_batch=8)
+    with ServerThread(engine, weights=WeightServer(TorchEngineWeights(engine))) as srv:
+        cfg = RLConfig(profile=profile, init=str(base), out="out", work="work", rounds=1, suite="androidworld",
+                       engines=[srv.base_url], androidworld={"urls": [s.url for s in servers], "max_steps": 2},
+                       overrides={"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16})
+        summary, curve = run_stage(cfg, tmp_path, progress=False)
     assert summary["pool"] == 6 and summary["rounds"] == 1 and len(curve) == 1
     assert (tmp_path / "out" / "config.json").is_file()
-    ran = [a for s in servers for a in s.device.actions]
-    assert ran  # the episodes stepped the servers' devices
-    assert curve[0]["rollout/episodes"] == 4 if "rollout/episodes" in curve[0] else True
+    assert sum(s.device.resets for s in servers) == 4  # 2 tasks x 2 samples, each reset on a server
+    assert curve[0]["time/sync_s"] > 0  # the round's weights went to the engine
+
+
+def test_rollout_workers_give_each_concurrent_shard_its_own_servers(monkeypatch):
+    from mobilerl.rl.rollout import PolicySpec, RolloutWorkers
+
+    spec = PolicySpec(init="x", backend={}, obs_mode="screenshot", prompt_style="compact", max_history=4,
+                      coords="abs", reasoning=False, temperature=1.0, max_new_tokens=8)
+    urls = [f"http://127.0.0.1:{5000 + i}" for i in range(3)]
+    workers = RolloutWorkers(spec, 2, androidworld=AndroidWorldConfig(urls=urls))
+    jobs: list = []
+    monkeypatch.setattr(workers._pool, "map", lambda fn, js: jobs.extend(js) or [([], 0.0, None)] * len(js))
+    workers.run([TaskSpec(f"androidworld/train/T/{i}", "androidworld", "train", "T", "t") for i in range(4)], 1, 0)
+    workers.close()
+    held = [job[-1].config.urls for job in jobs]
+    assert held == [urls[0::2], urls[1::2]]  # disjoint: no server runs two episodes at once
 
 
 def test_pickled_factories_start_with_their_servers_free():
@@ -250,4 +267,3 @@ def test_pickled_factories_start_with_their_servers_free():
     f._free.clear()
     g = pickle.loads(pickle.dumps(f))
     assert g._free == ["http://a:1"] and g.capacity == 1 and g.screenshot is True
-    assert dataclasses.is_dataclass(Action)
