@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 from androidworld_stub import HEIGHT, REGISTRY, WIDTH, Served, real_app, real_source, solve, standin_app
+from tiny_checkpoint import screenshot_profile
 
 from mobilerl.agent.policy import PolicyOutput
 from mobilerl.config import ParamsError, validate_section
@@ -171,23 +171,6 @@ def test_config_errors_name_their_keys(monkeypatch, tmp_path):
         env_factory("androidworld", androidworld=AndroidWorldConfig(**aw)).shard(0, 2)
     two = env_factory("androidworld", androidworld=AndroidWorldConfig(urls=["http://a:1", "http://b:2"]))
     assert [s.config.urls for s in (two.shard(0, 2), two.shard(1, 2))] == [["http://a:1"], ["http://b:2"]]
-
-
-def screenshot_profile(monkeypatch, tmp_path: Path) -> str:
-    """``tiny_shots``: the tiny profile reading screenshots (and the empty tree) with pixel bounds, as the VLM
-    profiles do; the profiles folder pointed at a copy with it."""
-    from mobilerl.models import profiles
-
-    folder = tmp_path / "profiles"
-    folder.mkdir(exist_ok=True)
-    for p in profiles.PROFILES.glob("*.yaml"):
-        (folder / p.name).write_text(p.read_text())
-    data = yaml.safe_load((profiles.PROFILES / "tiny.yaml").read_text())
-    data["name"] = "tiny_shots"
-    data["generation"] |= {"obs_mode": "screenshot+xml", "coords": "abs", "max_new_tokens": 24}
-    (folder / "tiny_shots.yaml").write_text(yaml.safe_dump(data))
-    monkeypatch.setattr(profiles, "PROFILES", folder)
-    return "tiny_shots"
 
 
 def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, monkeypatch, tmp_path):

@@ -96,9 +96,15 @@ def test_entrypoints_are_real_commands():
     help_text = subprocess.run([sys.executable, "-m", "pipelines.run", "--help"], capture_output=True, text=True,
                                check=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}).stdout
     assert all(opt in help_text for opt in argv[3:] if opt.startswith("--"))
+    # the rollout engine is the project's server with vLLM underneath and the weight endpoints
     rollout = _entry(files["rollout"][1])
-    assert rollout[:2] == ["vllm", "serve"]
+    assert rollout[:3] == ["python", "-m", "mobilerl.models.serve_openai"]
+    assert {"--engine", "vllm", "--weight-sync"} <= set(rollout) and rollout[rollout.index("--engine") + 1] == "vllm"
+    help_text = subprocess.run([sys.executable, "-m", "mobilerl.models.serve_openai", "--help"], capture_output=True,
+                               text=True, check=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert all(opt in help_text for opt in rollout[3:] if opt.startswith("--"))
     assert 'vllm==0.28.0' in (ROOT / "pyproject.toml").read_text()
+    assert 'gpu = ["vllm' in (ROOT / "pyproject.toml").read_text() and '".[gpu]"' in files["rollout"][1].read_text()
 
 
 def test_published_ports_bind_loopback_only():
@@ -137,9 +143,21 @@ def test_cluster_files_name_the_compose_env_servers():
 
     by_name = [f"http://{n}:8765" for n in SIMENVS]
     by_port = [f"http://{COMPOSE['services'][n]['ports'][0].rsplit(':', 1)[0]}" for n in SIMENVS]
-    assert load_cluster("docker")["rl.env_servers"] == by_name
+    docker = load_cluster("docker")
+    assert docker["rl.env_servers"] == by_name
     assert load_cluster("local")["rl.env_servers"] == by_port
     assert COMPOSE["services"]["trainer"]["command"][:2] == ["--cluster", "docker"]
+    # the trainer samples through the rollout engine, pushing each round's weights by reload into the volume both
+    # mount at rl.work's path; the engine's API key is the one compose hands it
+    rollout = COMPOSE["services"]["rollout"]
+    assert docker["rl.engines"] == [f"http://rollout:{rollout['ports'][0].rsplit(':', 1)[1]}/v1"]
+    assert docker["rl.weight_sync"] == "reload"
+    shared = [v for v in rollout["volumes"] if v.split(":")[1] == docker["rl.work"]]
+    assert shared and f"{shared[0].split(':')[0]}:{docker['rl.work']}" in COMPOSE["services"]["trainer"]["volumes"]
+    assert docker["rl.engines_api_key_env"] in rollout["environment"]
+    assert docker["rl.engines_api_key_env"] in COMPOSE["services"]["trainer"]["environment"]
+    assert all("--render" in COMPOSE["services"][n]["command"] for n in SIMENVS)  # screenshots for the VLMs
+    assert "rl.async" not in docker  # synchronous rounds
 
 
 def _compose() -> tuple[list[str], dict[str, str]] | None:
