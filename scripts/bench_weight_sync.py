@@ -34,9 +34,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def rl_requests(n: int, seed: int = 0) -> list[Any]:
-    """``n`` chat requests as the RL rollouts make them: the oracle's screens on world/train tasks, in the tiny
-    profile's prompt format (compact, marks, 4 previous answers)."""
+def rl_requests(n: int, seed: int = 0, obs_mode: str = "xml", prompt_style: str = "compact", max_history: int = 4,
+                coords: str = "marks") -> list[Any]:
+    """``n`` chat requests as the RL rollouts make them: the oracle's screens on world/train tasks, in a profile's
+    prompt format (default: the tiny profile's; a screenshot ``obs_mode`` renders the screens and sends them)."""
     from mobilerl.agent import OraclePolicy, PolicyContext, PolicyOutput
     from mobilerl.agent.model_policy import ModelPolicy
     from mobilerl.env.sim.tasks import list_tasks
@@ -56,8 +57,10 @@ def rl_requests(n: int, seed: int = 0) -> list[Any]:
 
     tasks = list_tasks("world", "train", n=1)
     rec = Recording()
-    evaluate_sync(lambda s: rec, tasks[: max(4, n // 3)], concurrency=8, progress=False, base_seed=seed)
-    policy = ModelPolicy(None, obs_mode="xml", prompt_style="compact", max_history=4, coords="marks")  # type: ignore[arg-type]
+    evaluate_sync(lambda s: rec, tasks[: max(4, n // 3)], concurrency=8, progress=False, base_seed=seed,
+                  obs_mode=obs_mode)
+    policy = ModelPolicy(None, obs_mode=obs_mode, prompt_style=prompt_style, max_history=max_history,  # type: ignore[arg-type]
+                         coords=coords)
     return [policy.request(c) for c in contexts[:n]]
 
 

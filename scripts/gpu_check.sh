@@ -21,7 +21,15 @@
 #    tokens/s -> OUT_DIR/engines.json. Without a GPU it prints "no GPU: skipped"; without vLLM it says so and
 #    checks the HF engine only.
 #
-#   CHECKS=engines bash scripts/gpu_check.sh OUT_DIR     # only step 4 (CHECKS: comma list of dtypes,full,plain,engines)
+# 5. The screenshot-profile RL path (scripts/vl_check.py): VL_PROFILE (default vl_smoke; a tree without it falls
+#    back to the tiny profile in screenshot+xml) served by serve_openai --engine vllm --weight-sync, its prompts
+#    carrying screenshots: weight sync by reload and by broadcast, the logprob gap after each, then an
+#    asynchronous `rl` run (max_staleness 1) over that engine and two env servers rendering screenshots
+#    -> OUT_DIR/vl.json. Without a GPU it prints "no GPU: skipped". DRY=1 resolves and prints the plan only
+#    (profile, checkpoint, engine command, rl config), on any machine.
+#
+#   CHECKS=engines bash scripts/gpu_check.sh OUT_DIR     # only step 4 (CHECKS: comma list of dtypes,full,plain,engines,vl)
+#   CHECKS=vl DRY=1 bash scripts/gpu_check.sh OUT_DIR    # step 5's plan, nothing started
 #
 # A machine without the project's virtual environment (a bare GPU image with torch) installs the wheels
 # under .whl/ first when there are any (pydantic, and transformers / tokenizers at the versions of
@@ -35,8 +43,9 @@ source scripts/gpu_env.sh
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 devices="cpu:fp32"
 $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && devices="cpu:fp32,cuda:fp32,cuda:bf16"
-CHECKS=${CHECKS:-dtypes,full,plain,engines}
+CHECKS=${CHECKS:-dtypes,full,plain,engines,vl}
 want() { [[ ",$CHECKS," == *",$1,"* ]]; }
+has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; }
 status=0
 if want dtypes; then
   timeout 240 $PY scripts/bench_eval.py --ckpt "$CKPT" --every 10 --requests 256 --dtypes "$devices" \
@@ -52,11 +61,22 @@ if want plain; then
     | grep -v "Loading weights\|eval:" || status=1
 fi
 if want engines; then
-  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  if has_gpu; then
     timeout 420 $PY scripts/engine_check.py --out "$OUT/engines.json" 2>&1 | grep -v "Loading weights" \
       ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   else
     echo "engine checks (vLLM weight sync, logprob gap, throughput): no GPU: skipped"
+  fi
+fi
+if want vl; then
+  vl_args=(--out "$OUT/vl.json" --profile "${VL_PROFILE:-vl_smoke}")
+  if [ -n "${DRY:-}" ]; then
+    timeout 120 $PY scripts/vl_check.py "${vl_args[@]}" --dry || status=1
+  elif has_gpu; then
+    timeout 540 $PY scripts/vl_check.py "${vl_args[@]}" 2>&1 | grep -v "Loading weights" \
+      ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    echo "VLM path checks (vLLM weight sync with screenshots, async round): no GPU: skipped"
   fi
 fi
 exit $status

@@ -102,8 +102,8 @@ def test_reset_initialises_the_task_and_observes():
     obs = env.reset("androidworld/test/ContactsAddContact/1")
     assert server.requests == [
         ("POST", "/reset", {"go_home": "true"}, None),
-        ("POST", "/task/initialize", {"task_type": "ContactsAddContact", "task_idx": "1"}, None),
         ("GET", "/task/goal", {"task_type": "ContactsAddContact", "task_idx": "1"}, None),
+        ("POST", "/task/initialize", {"task_type": "ContactsAddContact", "task_idx": "1"}, None),
         ("GET", "/screenshot", {"wait_to_stabilize": "false"}, None),
     ]
     assert env.goal == GOAL and env.task == ("ContactsAddContact", 1)
@@ -119,7 +119,7 @@ def test_reset_initialises_the_task_and_observes():
         {"task_type": "ContactsAddContact", "task_idx": "1"},
         None,
     )
-    assert server.requests[6][2] == {"task_type": "SimpleCalendarAddOneEvent", "task_idx": "0"}
+    assert server.requests[7][2] == {"task_type": "SimpleCalendarAddOneEvent", "task_idx": "0"}
 
 
 def test_actions_map_to_json_actions():

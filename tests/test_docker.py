@@ -96,9 +96,15 @@ def test_entrypoints_are_real_commands():
     help_text = subprocess.run([sys.executable, "-m", "pipelines.run", "--help"], capture_output=True, text=True,
                                check=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}).stdout
     assert all(opt in help_text for opt in argv[3:] if opt.startswith("--"))
+    # the rollout engine is the project's server with vLLM underneath and the weight endpoints
     rollout = _entry(files["rollout"][1])
-    assert rollout[:2] == ["vllm", "serve"]
+    assert rollout[:3] == ["python", "-m", "mobilerl.models.serve_openai"]
+    assert {"--engine", "vllm", "--weight-sync"} <= set(rollout) and rollout[rollout.index("--engine") + 1] == "vllm"
+    help_text = subprocess.run([sys.executable, "-m", "mobilerl.models.serve_openai", "--help"], capture_output=True,
+                               text=True, check=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert all(opt in help_text for opt in rollout[3:] if opt.startswith("--"))
     assert 'vllm==0.28.0' in (ROOT / "pyproject.toml").read_text()
+    assert 'gpu = ["vllm' in (ROOT / "pyproject.toml").read_text() and '".[gpu]"' in files["rollout"][1].read_text()
 
 
 def test_published_ports_bind_loopback_only():
@@ -137,9 +143,21 @@ def test_cluster_files_name_the_compose_env_servers():
 
     by_name = [f"http://{n}:8765" for n in SIMENVS]
     by_port = [f"http://{COMPOSE['services'][n]['ports'][0].rsplit(':', 1)[0]}" for n in SIMENVS]
-    assert load_cluster("docker")["rl.env_servers"] == by_name
+    docker = load_cluster("docker")
+    assert docker["rl.env_servers"] == by_name
     assert load_cluster("local")["rl.env_servers"] == by_port
     assert COMPOSE["services"]["trainer"]["command"][:2] == ["--cluster", "docker"]
+    # the trainer samples through the rollout engine, pushing each round's weights by reload into the volume both
+    # mount at rl.work's path; the engine's API key is the one compose hands it
+    rollout = COMPOSE["services"]["rollout"]
+    assert docker["rl.engines"] == [f"http://rollout:{rollout['ports'][0].rsplit(':', 1)[1]}/v1"]
+    assert docker["rl.weight_sync"] == "reload"
+    shared = [v for v in rollout["volumes"] if v.split(":")[1] == docker["rl.work"]]
+    assert shared and f"{shared[0].split(':')[0]}:{docker['rl.work']}" in COMPOSE["services"]["trainer"]["volumes"]
+    assert docker["rl.engines_api_key_env"] in rollout["environment"]
+    assert docker["rl.engines_api_key_env"] in COMPOSE["services"]["trainer"]["environment"]
+    assert all("--render" in COMPOSE["services"][n]["command"] for n in SIMENVS)  # screenshots for the VLMs
+    assert "rl.async" not in docker  # synchronous rounds
 
 
 def _compose() -> tuple[list[str], dict[str, str]] | None:
@@ -183,3 +201,116 @@ def test_docker_compose_config_validates():
     no_token = {k: v for k, v in env.items() if k != "MOBILERL_ENV_TOKEN"}
     out = subprocess.run([*base, "config", "-q"], capture_output=True, text=True, env=no_token)
     assert out.returncode != 0 and "set MOBILERL_ENV_TOKEN" in out.stderr
+
+
+# -- the same topology as plain processes on loopback -------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _on_loopback(argv: list[str], **values: str) -> list[str]:
+    """A container's command as a local process: each ``--option`` in ``values`` set to its value (``--host`` to
+    127.0.0.1, ``--port`` to a free one, …), the rest as the image runs it."""
+    out = list(argv)
+    for opt, value in values.items():
+        flag = "--" + opt.replace("_", "-")
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"{url}: exited with {proc.returncode}"
+        try:  # urllib, as the compose healthchecks: an httpx call per probe would load the CA bundle each time
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not come up"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_the_docker_cluster_runs_as_local_processes_with_weight_sync(tmp_path, monkeypatch):
+    """The compose RL topology on loopback: the rollout image's command (vLLM swapped for the HF engine: no GPU
+    here) and the simulator env servers' commands as local processes on free ports, the trainer as the rl stage
+    with configs/clusters/docker.yaml's settings pointed at them; two synchronous rounds in a screenshot profile,
+    each round's weights pushed into the engine by reload and every episode sampled by them."""
+    import dataclasses
+
+    import httpx
+    from rl_tasks import stage_root
+    from tiny_checkpoint import screenshot_profile
+
+    from mobilerl.config import load_params
+    from mobilerl.env.sim.tasks import get_task
+    from mobilerl.rl.config import RLConfig
+    from mobilerl.rl.run import run as run_stage
+    from pipelines.flow import load_cluster
+
+    files = _dockerfiles()
+    token, key = "loopback-token", "loopback-key"
+    env = {**os.environ, "MOBILERL_ENV_TOKEN": token, "MOBILERL_API_KEY": key, "PYTHONPATH": str(ROOT)}
+    monkeypatch.setenv("MOBILERL_ENV_TOKEN", token)
+    monkeypatch.setenv("MOBILERL_API_KEY", key)
+    cluster = load_cluster("docker")
+    by_name: dict[str, str] = {}
+    procs: list[subprocess.Popen] = []
+    try:
+        rollout = _entry(files["rollout"][1])
+        port = _free_port()
+        argv = _on_loopback(rollout, host="127.0.0.1", port=str(port), engine="hf")
+        argv[argv.index("/models/policy")] = str(ROOT / "models" / "tiny-base")
+        procs.append(subprocess.Popen([sys.executable, *argv[1:], "--device", "cpu"], env=env, cwd=ROOT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        by_name["http://rollout:8000"] = f"http://127.0.0.1:{port}"
+        for name in SIMENVS[:2]:  # two of the four: the same topology, fewer processes on a 2-core machine
+            port = _free_port()
+            argv = _on_loopback(_entry(files[name][1]) + COMPOSE["services"][name]["command"], host="127.0.0.1",
+                                port=str(port), size="1")
+            procs.append(subprocess.Popen([sys.executable, "-m", "mobilerl.cli", *argv[1:], "--no-isolate"], env=env,
+                                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            by_name[f"http://{name}:8765"] = f"http://127.0.0.1:{port}"
+        for proc, url in zip(procs, by_name.values(), strict=True):
+            _wait_healthy(url, proc)
+
+        def local(url: str) -> str:
+            return next(url.replace(k, v) for k, v in by_name.items() if url.startswith(k))
+
+        tasks = [dataclasses.replace(get_task(f"world/train/{name}/0"), complexity=0.3)
+                 for name in ("AudioRecorderDeleteRecording", "CameraTakePhoto")]
+        stage_root(tmp_path, tasks, [3, 3])
+        rl = load_params("rl", RLConfig).model_dump(by_alias=True) | {k.split(".", 1)[1]: v for k, v in cluster.items()}
+        rl |= {"env_servers": [local(u) for u in rl["env_servers"] if any(u.startswith(k) for k in by_name)],
+               "engines": [local(u) for u in rl["engines"]],
+               "work": str(tmp_path / "shared" / "rl"), "init": str(ROOT / "models" / "tiny-base"), "out": "out",
+               "rounds": 2, "checkpoint_every": 1, "profile": screenshot_profile(monkeypatch, tmp_path),
+               "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16}}
+        cfg = RLConfig.model_validate(rl)
+        assert cfg.async_ is None and cfg.weight_sync == "reload"
+        summary, curve = run_stage(cfg, tmp_path, progress=False)
+        assert [c["round"] for c in curve] == [0, 1] and summary["rounds"] == 2
+        assert all(c["time/sync_s"] > 0 for c in curve)  # a push each round
+        engine = cfg.engines[0]
+        weights = httpx.get(f"{engine}/weights", headers={"Authorization": f"Bearer {key}"}).json()
+        assert weights["version"] == 1  # round 1's weights, pushed through the file in rl.work
+        assert sum(v for k, v in curve[-1].items() if k.endswith("/episodes") and k.startswith("envs/")) == 4
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)

@@ -1,6 +1,7 @@
 """A random tiny Qwen2-VL checkpoint for backend tests: the project tokenizer trained on a few lines (seconds)
 and a smaller-than-default shape, saved in HF format with ``tiny.json`` (so loaders take the tiny path).
-Built once per test session (shared by the test modules that import it)."""
+Built once per test session (shared by the test modules that import it). And a screenshot-reading variant of the
+tiny profile."""
 
 from __future__ import annotations
 
@@ -37,3 +38,22 @@ def build(path: Path) -> Path:
 
 def session_checkpoint(tmp_path_factory) -> Path:
     return build(tmp_path_factory.getbasetemp() / "tiny-backend-ckpt")
+
+
+def screenshot_profile(monkeypatch, tmp_path: Path) -> str:
+    """``tiny_shots``: the tiny profile in the VLM profiles' observation mode (screenshot+xml) with pixel bounds;
+    the profiles folder pointed at a copy that has it (until a tiny VLM profile ships, e.g. vl_smoke)."""
+    import yaml
+
+    from mobilerl.models import profiles
+
+    folder = tmp_path / "profiles"
+    folder.mkdir(exist_ok=True)
+    for p in profiles.PROFILES.glob("*.yaml"):
+        (folder / p.name).write_text(p.read_text())
+    data = yaml.safe_load((profiles.PROFILES / "tiny.yaml").read_text())
+    data["name"] = "tiny_shots"
+    data["generation"] |= {"obs_mode": "screenshot+xml", "coords": "abs", "max_new_tokens": 24}
+    (folder / "tiny_shots.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(profiles, "PROFILES", folder)
+    return "tiny_shots"

@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from mobilerl import tracking
+from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
+from mobilerl.env.androidworld import androidworld_tasks
 from mobilerl.env.base import TaskSpec
+from mobilerl.env.factory import env_factory
 from mobilerl.eval.checkpoints import (
     checkpoint_policy,
     make_policy_factory,
@@ -39,7 +42,7 @@ def evaluate_policies(cfg: EvaluateConfig, out_dir: Path) -> tuple[dict, dict, d
     ``out_dir``; returns the summaries ``{policy: {suite: summary}}``, the offline step metrics
     ``{policy: metrics}`` and the pass@k study's summaries."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tasks_by_suite = {suite: load_tasks(suite, cfg.split, cfg.max_per_template) for suite in cfg.suites}
+    tasks_by_suite = {suite: suite_tasks(suite, cfg) for suite in cfg.suites}
     summary: dict[str, dict] = {}
     offline: dict[str, dict] = {}
     episodes = (offline_episodes(cfg) if cfg.offline_per_template and any(n in cfg.checkpoints for n in cfg.policies)
@@ -56,14 +59,31 @@ def evaluate_policies(cfg: EvaluateConfig, out_dir: Path) -> tuple[dict, dict, d
     return summary, offline, sampled
 
 
+def suite_tasks(suite: str, cfg: EvaluateConfig) -> list[TaskSpec]:
+    """The ``cfg.split`` tasks of ``suite`` (at most ``max_per_template`` a template): the simulator's from the task
+    lists, AndroidWorld's from its servers (each task type a template)."""
+    if suite == ANDROIDWORLD:
+        assert cfg.androidworld is not None
+        return androidworld_tasks(cfg.androidworld, cfg.split, cfg.max_per_template)
+    return load_tasks(suite, cfg.split, cfg.max_per_template)
+
+
 def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks: list[TaskSpec], cfg: EvaluateConfig,
                run_name: str, out_path: Path) -> dict[str, Any]:
     """``name``'s episodes on ``tasks`` (``cfg.n_trials`` each, at ``cfg.temperature``), kept in ``out_path`` and
-    summarised into a nested MLflow run ``run_name``; the summary carries that run's id."""
+    summarised into a nested MLflow run ``run_name``; the summary carries that run's id. AndroidWorld's tasks run on
+    its servers from this process (``model_processes`` splits the simulator's work, not remote emulators')."""
     suite = tasks[0].suite if tasks else ""
     with tracking.child_run(run_name, "evaluate", policy=name, suite=suite) as run:
         t0 = time.perf_counter()
-        if name in cfg.checkpoints and cfg.model_processes > 1:
+        if suite == ANDROIDWORLD:
+            assert cfg.androidworld is not None
+            envs = env_factory(ANDROIDWORLD, obs_mode=obs_mode_of(name, cfg), androidworld=cfg.androidworld)
+            # no pool timeout: each of the client's HTTP calls has its own (androidworld.timeout_s)
+            trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency, env_factory=envs,
+                                  base_seed=cfg.seed, progress=False, out_path=out_path, env_retries=cfg.env_retries,
+                                  call_timeout=None)
+        elif name in cfg.checkpoints and cfg.model_processes > 1:
             trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
         else:
             trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
@@ -100,8 +120,7 @@ def pass_k_study(cfg: EvaluateConfig, tasks_by_suite: dict[str, list[TaskSpec]],
     for name in cfg.pass_k.policies:
         factory = None if cfg.model_processes > 1 else checkpoint_policy(name, cfg.checkpoints[name], study).with_seed
         for suite in cfg.pass_k.suites:
-            tasks = spread(tasks_by_suite.get(suite) or load_tasks(suite, cfg.split, cfg.max_per_template),
-                           cfg.pass_k.max_tasks)
+            tasks = spread(tasks_by_suite.get(suite) or suite_tasks(suite, cfg), cfg.pass_k.max_tasks)
             out.setdefault(name, {})[suite] = run_policy(
                 name, factory, study.model_concurrency, tasks, study, f"{name}/{suite}/sampled",
                 out_dir / f"{name}__{suite}__sampled.jsonl")

@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from mobilerl.config import ROOT, StageConfig, repo_path
+from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
+from mobilerl.env.androidworld import AndroidWorldConfig
 
 BASELINES = ("oracle", "random")
 
@@ -38,7 +40,10 @@ class PassKConfig(StageConfig):
 
 
 class EvaluateConfig(StageConfig):
-    suites: list[Literal["world", "lab"]] = Field(["world", "lab"], description="Benchmarks to run.")
+    suites: list[Literal["world", "lab", "androidworld"]] = Field(["world", "lab"], description=(
+        "Benchmarks to run: the simulator's world and lab, AndroidWorld on its own servers (evaluate.androidworld)."))
+    androidworld: AndroidWorldConfig | None = Field(None, description=(
+        "AndroidWorld's env servers and suite, for the androidworld benchmark (None: not run)."))
     split: Literal["test", "train"] = Field("test", description="Which split of each suite.")
     policies: list[str] = Field(["oracle", "random"], description="Policy names (baselines or checkpoints).")
     checkpoints: dict[str, CheckpointSpec] = Field(
@@ -87,6 +92,13 @@ class EvaluateConfig(StageConfig):
             return {k: {"path": c} if isinstance(c, str) else c for k, c in v.items()}
         return v
 
+    @model_validator(mode="after")
+    def _androidworld(self) -> EvaluateConfig:
+        if (ANDROIDWORLD in self.suites) != (self.androidworld is not None):
+            raise ValueError("evaluate.androidworld (the servers' URLs) is needed by, and only by, the androidworld "
+                             f"suite in evaluate.suites (suites: {self.suites})")
+        return self
+
 
 def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
     """Every policy name is a baseline or a listed checkpoint whose directory holds a model (checked before
@@ -95,6 +107,9 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
         if name in BASELINES:
             raise ValueError(f"evaluate.checkpoints.{name}: {name!r} is a baseline name; pick another")
     for i, name in enumerate(cfg.policies):
+        if name == "oracle" and ANDROIDWORLD in cfg.suites:
+            raise ValueError(f"evaluate.policies[{i}]: the oracle is the simulator's expert; it cannot run the "
+                             "androidworld suite (drop one of them)")
         if name in BASELINES:
             continue
         if name not in cfg.checkpoints:
@@ -102,6 +117,7 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
             raise ValueError(f"evaluate.policies[{i}]: unknown policy {name!r} (known: {known}; a checkpoint "
                              f"needs an entry under evaluate.checkpoints)")
         _check_model_dir(name, cfg, root)
+        _check_reads_pixels(cfg)
     for i, name in enumerate(cfg.pass_k.policies):
         if name not in cfg.checkpoints:
             raise ValueError(f"evaluate.pass_k.policies[{i}]: {name!r} is not a checkpoint (known: "
@@ -118,6 +134,14 @@ def _check_model_dir(name: str, cfg: EvaluateConfig, root: Path) -> None:
     if not (path / "config.json").is_file():
         raise ValueError(f"evaluate.checkpoints.{name}: {path} is not a model directory (no config.json); "
                          f"run the stage that trains it (dvc repro)")
+
+
+def _check_reads_pixels(cfg: EvaluateConfig) -> None:
+    from mobilerl.models.profiles import load_profile
+
+    if ANDROIDWORLD in cfg.suites and load_profile(cfg.profile).generation.obs_mode == "xml":
+        raise ValueError(f"evaluate.profile: {cfg.profile!r} reads the UI tree only (obs_mode xml), which "
+                         "AndroidWorld's server does not serve: the androidworld suite needs a screenshot profile")
 
 
 def checkpoint_path(spec: CheckpointSpec, root: Path = ROOT) -> Path:

@@ -65,7 +65,8 @@ async def evaluate(
         n_trials: episodes per task (pass@k needs ``n_trials >= k``); a sequence gives each task its own.
         concurrency: episodes in flight at once (= env workers in the pool).
         env_factory: builds one synchronous env (default: the simulator,
-            ``mobilerl.env.factory.env_factory("sim", obs_mode=obs_mode, perturb=perturb)``).
+            ``mobilerl.env.factory.env_factory("sim", obs_mode=obs_mode, perturb=perturb)``); one with a
+            ``capacity`` (the ``androidworld`` backend: its servers) caps the pool at it.
         perturb: perturbation profile of the default factory (``none`` / ``default`` / ``heavy``).
         obs_mode: the policy's observation mode (its profile's ``generation.obs_mode``); the default factory
             renders screenshots iff the mode shows them.
@@ -99,7 +100,8 @@ async def evaluate(
         return []
     make_env = env_factory if env_factory is not None else envs.env_factory(
         "sim", obs_mode=obs_mode, perturb=perturb)
-    size = min(concurrency, n_episodes)
+    # a factory over a fixed set of devices (AndroidWorld's servers) builds at most ``capacity`` envs at once
+    size = min(concurrency, n_episodes, getattr(make_env, "capacity", None) or n_episodes)
     executor: ThreadPoolExecutor | None = None
     if inline_env is None:
         inline_env = env_factory is None

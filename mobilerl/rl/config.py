@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mobilerl.config import StageConfig
+from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
+from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
 
@@ -85,7 +87,10 @@ class RLConfig(StageConfig):
     reasoning: bool = Field(False, description="Prompt for <think> before the answer (a reasoning-SFT init).")
     out: str = Field("data/checkpoints/adagrpo", description="Where the trained policy is written.")
     work: str = Field(".cache/rl", description="Resumable run folder: checkpoints, rollouts' weights.")
-    suite: str = Field("world", description="Task suite of the training pool (its train split).")
+    suite: str = Field("world", description=(
+        "Task suite of the training pool (its train split): world or lab (the simulator), androidworld (its servers)."))
+    androidworld: AndroidWorldConfig | None = Field(None, description=(
+        "AndroidWorld's env servers and suite the episodes run on, for suite androidworld (None: not used)."))
     templates_max_steps: int | None = Field(
         None, ge=1, description="Keep templates whose test tasks need at most this many optimal steps (None: all).")
     tasks_per_template: int | None = Field(None, ge=1, description="Train tasks per template in the pool (None: all).")
@@ -170,9 +175,32 @@ class RLConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
+    def _androidworld_servers(self) -> RLConfig:
+        if (self.suite == ANDROIDWORLD) != (self.androidworld is not None):
+            raise ValueError("rl.androidworld (the servers' URLs) is needed by, and only by, rl.suite: androidworld")
+        if self.androidworld is None:
+            return self
+        if self.env_servers:
+            raise ValueError("rl.androidworld and rl.env_servers both say where the episodes run: set one")
+        if self.lab_share > 0:
+            raise ValueError("rl.lab_share > 0 with rl.suite androidworld: lab/train tasks run on the simulator, "
+                             "this run's episodes on AndroidWorld's servers")
+        if not self.engines and self.rollout_processes > len(self.androidworld.urls):
+            raise ValueError(f"rl.rollout_processes ({self.rollout_processes}) > the {len(self.androidworld.urls)} "
+                             "server(s) of rl.androidworld.urls: each rollout process needs servers of its own")
+        try:
+            obs_mode = load_profile(self.profile).generation.obs_mode
+        except KeyError as e:
+            raise ValueError(f"rl.profile: {e.args[0]}") from None
+        if obs_mode == "xml":
+            raise ValueError(f"rl.profile: {self.profile!r} reads the UI tree only (obs_mode xml), which AndroidWorld's "
+                             "server does not serve: rl.suite androidworld needs a screenshot profile")
+        return self
+
+    @model_validator(mode="after")
     def _async_alone(self) -> RLConfig:
         # the asynchronous loop (async_rollout.py) runs the in-process simulator and AdaGRPO's own mechanisms only
-        clash = [k for k in ("env_servers", "engines", "dart", "distrl", "bepa", "dynamic_sampling", "judge_all") if getattr(self, k, None)]
+        clash = [k for k in ("env_servers", "engines", "androidworld", "dart", "distrl", "bepa", "dynamic_sampling", "judge_all") if getattr(self, k, None)]
         if self.async_ is not None and clash:
             raise ValueError(f"rl.async is not combined with rl.{', rl.'.join(clash)} yet; use synchronous rounds")
         return self

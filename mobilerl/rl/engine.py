@@ -74,12 +74,14 @@ class RemoteEngines:
 
     def __init__(self, urls: Sequence[str], spec: PolicySpec, model: torch.nn.Module, sync: WeightSync,
                  api_key: str | None = None, timeout_s: float = 300.0, env_servers: EnvServers | None = None,
-                 gathered: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+                 gathered: Callable[[], AbstractContextManager[Any]] | None = None,
+                 env_factory: Callable[[], Any] | None = None) -> None:
         import contextlib
 
         self.urls, self.spec, self.model, self.sync = list(urls), spec, model, sync
         self.gathered = gathered or contextlib.nullcontext
         self.env_servers = env_servers  # episodes on env servers across hosts (None: the in-process simulator)
+        self.env_factory = env_factory  # or on the envs it builds (AndroidWorld's servers)
         self._env_stats: dict[str, dict[str, Any]] = {}
         self.api_key, self.timeout_s = api_key, timeout_s
         self.version: int | None = None  # what the engines serve (None: unknown before the first push)
@@ -123,7 +125,9 @@ class RemoteEngines:
 
         try:
             return await evaluate(factory, tasks, n_trials=n, base_seed=base_seed, progress=False, obs_mode=s.obs_mode,
-                                  concurrency=s.concurrency * len(clients), env_servers=self.env_servers)
+                                  concurrency=s.concurrency * len(clients), env_servers=self.env_servers,
+                                  env_factory=self.env_factory,
+                                  **({"call_timeout": None} if self.env_factory is not None else {}))
         finally:
             for c in clients:
                 await c.aclose()
@@ -154,5 +158,10 @@ def remote_engines(cfg: Any, spec: PolicySpec, trainer: Any, work: Path) -> Remo
     sync = make_weight_sync(cfg.weight_sync, cfg.engines, directory=work / "weights", address=cfg.sync_address,
                             api_key=api_key)
     envs = EnvServers(cfg.env_servers, cfg.env_pool) if cfg.env_servers else None
+    aw = None
+    if cfg.androidworld is not None:
+        from mobilerl.env.factory import env_factory
+
+        aw = env_factory("androidworld", obs_mode=spec.obs_mode, androidworld=cfg.androidworld)
     return RemoteEngines(cfg.engines, spec, trainer.model, sync, api_key=api_key, env_servers=envs,
-                         gathered=trainer.gathered)
+                         gathered=trainer.gathered, env_factory=aw)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.cluster import EnvServers, EnvServersConfig, merge_stats, server_metrics
 from mobilerl.trajectory import Trajectory
@@ -73,7 +74,7 @@ def _init_worker(spec: PolicySpec, env_servers: list[str] | None = None, env_poo
 
 
 def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float, dict[str, Any] | None]:
-    tasks, n, base_seed, weights, version = args
+    tasks, n, base_seed, weights, version, env_factory = args
     from mobilerl.eval.runner import evaluate_sync
 
     t0 = time.perf_counter()
@@ -85,20 +86,26 @@ def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float, dict[str, Any]
     policy.version = str(version)
     envs = _WORKER.get("envs")
     trajs = evaluate_sync(policy.with_seed, tasks, n_trials=n, base_seed=base_seed, progress=False,
-                          obs_mode=_WORKER["spec"].obs_mode,
-                          concurrency=_WORKER["spec"].concurrency, env_servers=envs)
+                          obs_mode=_WORKER["spec"].obs_mode, env_factory=env_factory,
+                          concurrency=_WORKER["spec"].concurrency, env_servers=envs,
+                          **({"call_timeout": None} if env_factory is not None else {}))
     return [t.to_dict() for t in trajs], sync_s, envs.take_stats() if envs is not None else None
 
 
 class RolloutWorkers:
     """``processes`` spawned workers, each with its own copy of the policy (``PolicySpec``); their episodes run
-    on ``env_servers`` (URLs, token from ``env_pool.token_env``) when given, else on the in-process simulator."""
+    on ``env_servers`` (URLs, token from ``env_pool.token_env``) when given, on ``androidworld``'s servers (each
+    concurrent shard of a round on its own share of them) when given, else on the in-process simulator."""
 
     def __init__(self, spec: PolicySpec, processes: int = 2, env_servers: list[str] | None = None,
-                 env_pool: EnvServersConfig | None = None) -> None:
+                 env_pool: EnvServersConfig | None = None, androidworld: AndroidWorldConfig | None = None) -> None:
+        from mobilerl.env.factory import env_factory
+
         self.processes = processes
         if env_servers:
             EnvServers(env_servers, env_pool)  # a bad URL or a missing token fails here, not in a worker
+        self._aw = None if androidworld is None else env_factory(
+            "androidworld", obs_mode=spec.obs_mode, androidworld=androidworld)
         self._env_stats: dict[str, dict[str, Any]] = {}
         self._pool = ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                          initargs=(spec, env_servers, env_pool, 1.0 / processes))
@@ -114,7 +121,9 @@ class RolloutWorkers:
         # a plain int keeps the shard's call as it was; per-task counts are split like the tasks
         per = [n if isinstance(n, int) else counts[i::k] for i in range(k)]
         w = str(weights) if weights is not None else None
-        jobs = [(s, c, base_seed, w, version) for s, c in zip(shards, per, strict=True)]
+        # the k shards run at once, each on every k-th AndroidWorld server: no server holds two episodes
+        aw = [None] * k if self._aw is None else [self._aw.shard(i, k) for i in range(k)]
+        jobs = [(s, c, base_seed, w, version, e) for s, c, e in zip(shards, per, aw, strict=True)]
         results = list(self._pool.map(_run_shard, jobs))
         by_key = {(d["task_id"], d["trial"]): Trajectory.from_dict(d) for r, _, _ in results for d in r}
         out = [by_key[(t.task_id, j)] for t, c in zip(tasks, counts, strict=True) for j in range(c)

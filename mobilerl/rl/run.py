@@ -1,6 +1,6 @@
 """The `rl` stage's entry (:func:`run`): the training pool, the trainer from ``rl.init`` (resumed from ``rl.work``
 when it holds a checkpoint of the same config), the rollout side that ``rl`` configures — local rollout workers
-over the in-process simulator or env servers, remote engines with weight sync, or the asynchronous workers —
+over the in-process simulator, env servers or AndroidWorld's servers, remote engines with weight sync, or the asynchronous workers —
 then the loop, and the trained policy written to ``rl.out``."""
 
 from __future__ import annotations
@@ -32,13 +32,17 @@ def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
     """The train tasks of ``cfg.suite`` (with ``test_half``: that half of its test tasks; and lab/train when
     ``lab_share`` > 0), per template at most ``tasks_per_template``, of the templates whose test tasks need at most
     ``templates_max_steps`` optimal steps."""
+    from mobilerl.env.androidworld import androidworld_tasks
     from mobilerl.tasks import halves, load_tasks
 
     lists = root / "data" / "tasks" / "suites"
     pool: list[TaskSpec] = []
     for suite in [cfg.suite, *(["lab"] if cfg.lab_share > 0 and cfg.suite != "lab" else [])]:
         split = "test" if cfg.test_half is not None and suite == cfg.suite else "train"
-        tasks = load_tasks(suite, split, per_template=cfg.tasks_per_template, root=lists)
+        if cfg.androidworld is not None:  # its servers list the suite (the same on each; rl.androidworld.seed)
+            tasks = androidworld_tasks(cfg.androidworld, split, per_type=cfg.tasks_per_template)
+        else:
+            tasks = load_tasks(suite, split, per_template=cfg.tasks_per_template, root=lists)
         if split == "test":  # E.5: one half of the test split, the other one evaluates
             tasks = halves(tasks)[cfg.test_half]
         if cfg.templates_max_steps is not None:
@@ -80,7 +84,7 @@ def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec
 
         rollouts: Any = remote_engines(cfg, spec, trainer, work)
     else:
-        rollouts = RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool)
+        rollouts = RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool, cfg.androidworld)
     with rollouts as workers:
         return train(trainer, workers, pool, work, log_metrics, progress, judge)
 
