@@ -88,6 +88,7 @@ class EngineFleet:
         self._probe = httpx.Client(timeout=probe_timeout_s)
         self._loads = ThreadPoolExecutor(max(1, len(self.engines)), thread_name_prefix="mobilerl-engine-load")
         self._clients: dict[str, Any] = {}
+        self._stale: list[Any] = []  # clients of engines that went down, closed with the others
 
     # -- the trainer's thread ------------------------------------------------------------------------------
 
@@ -161,6 +162,8 @@ class EngineFleet:
                 e.up, e.version = False, None
                 e.downs += 1
                 log.warning("engine %s marked down: %s", e.url, err)
+            if e.url in self._clients:  # what comes back may be another process: nothing of this one is kept
+                self._stale.append(self._clients.pop(e.url))
 
     async def choose(self) -> EngineState:
         """The live engine with the fewest requests in flight; waits ``wait_s`` for one."""
@@ -194,15 +197,18 @@ class EngineFleet:
         """The rollout thread's HTTP client of ``e`` (one retry: another engine takes the episode instead)."""
         from mobilerl.models.openai_backend import OpenAIBackend
 
-        if e.url not in self._clients:
-            self._clients[e.url] = OpenAIBackend(e.url, api_key=self.api_key, timeout=self.timeout_s, max_retries=1,
-                                                 backoff_s=0.2, max_concurrency=self.concurrency, name="adagrpo")
-        return self._clients[e.url]
+        with self.lock:
+            if e.url not in self._clients:
+                self._clients[e.url] = OpenAIBackend(e.url, api_key=self.api_key, timeout=self.timeout_s,
+                                                     max_retries=1, backoff_s=0.2, max_concurrency=self.concurrency,
+                                                     name="adagrpo")
+            return self._clients[e.url]
 
     async def aclose_clients(self) -> None:
-        for c in self._clients.values():
+        with self.lock:
+            clients, self._clients, self._stale = [*self._clients.values(), *self._stale], {}, []
+        for c in clients:
             await c.aclose()
-        self._clients.clear()
 
     # -- figures -------------------------------------------------------------------------------------------
 
