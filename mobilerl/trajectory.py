@@ -20,10 +20,11 @@ from typing import IO, Any, Literal, get_args
 
 SCHEMA_VERSION = 1
 
-# Why an episode ended without an answer of its own: cut short by its env or its policy (``error`` holds the
-# message), every response unparseable (parse), or its step budget spent (budget). Consumers decide by kind
-# (the RL round: mobilerl.rl.groups.triage), never by the message's text.
-ErrorKind = Literal["env", "policy", "parse", "budget"]
+# Why an episode ended without an answer of its own: cut short by its env, by the inference engine serving its
+# policy (unreachable or down: infrastructure, like env) or by its policy (``error`` holds the message), every
+# response unparseable (parse), or its step budget spent (budget). Consumers decide by kind (the RL round:
+# mobilerl.rl.groups.triage), never by the message's text.
+ErrorKind = Literal["env", "engine", "policy", "parse", "budget"]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
 
@@ -104,7 +105,7 @@ class Trajectory:
     simulator's perturbations, so every trial of a task meets the same device). ``subgoals`` is the
     per-sub-goal state at the end of the episode (empty when the env did not report it). ``error_kind`` is
     set when the episode ended without finishing (:data:`ErrorKind`); ``error`` is the message of an env or
-    policy failure that cut it short (``"env: ..."`` / ``"policy: ..."``, set by :meth:`fail`).
+    policy failure that cut it short (``"env: ..."`` / ``"engine: ..."`` / ``"policy: ..."``, set by :meth:`fail`).
     ``source`` names where the episode comes from (``collected``, ``human``, ``androidcontrol``; empty for
     evaluation rollouts) and ``meta`` holds free-form, JSON-safe metadata (masking counts, origin ids).
     """
@@ -152,14 +153,14 @@ class Trajectory:
     def __post_init__(self) -> None:
         if self.error_kind is None and self.error:  # a record written before error kinds: its message's prefix
             head = str(self.error).split(":", 1)[0]
-            self.error_kind = head if head in ("env", "policy") else "env"  # "runner: ..." is infrastructure
+            self.error_kind = head if head in ("env", "engine", "policy") else "env"  # "runner: ..." is infrastructure
         elif self.error_kind is not None and self.error_kind not in ERROR_KINDS:
             raise ValueError(f"trajectory: error_kind {self.error_kind!r} is not one of {list(ERROR_KINDS)}")
 
     def fail(self, kind: ErrorKind, message: str) -> None:
-        """Record the env or policy failure that cut the episode short."""
-        if kind not in ("env", "policy"):
-            raise ValueError(f"fail() records env/policy failures, not {kind!r}")
+        """Record the env, engine or policy failure that cut the episode short."""
+        if kind not in ("env", "engine", "policy"):
+            raise ValueError(f"fail() records env/engine/policy failures, not {kind!r}")
         self.error_kind, self.error = kind, f"{kind}: {message}"
 
     @property

@@ -20,12 +20,30 @@ drawn per episode from ``--steps``) and the update (``--train`` s of sleep).
 Figures: env utilisation = env-seconds inside reset/step ÷ (envs × wall), over the whole run and after the first
 round (the asynchronous pipeline's fill); throughput in env steps/s and trained trajectories/s; the step's split
 from the curve (``time/*``): waiting for rollouts (env + generation), training, weight sync, and the rest.
+
+``real``: nothing simulated but the reward. The same loops against real processes on 127.0.0.1 — ``--engines``
+``serve_openai --weight-sync`` processes (the HF backend on the profile's checkpoint), ``--env-servers``
+``mobilerl env serve`` processes (rendering screenshots when the observation mode shows them) — and the real
+trainer in this process (its update, the weight sync after each, the rows rebuilt from the stored steps and
+screenshots); synchronous rounds through :mod:`mobilerl.rl.engine`, then ``rl.async`` through
+:mod:`mobilerl.rl.async_engines`, on the same servers in the same run::
+
+    .venv/bin/python scripts/bench_async.py real                                   # xml, k = 1
+    .venv/bin/python scripts/bench_async.py real --obs-mode screenshot+xml --staleness 1
+    .venv/bin/python scripts/bench_async.py real --profile vl_smoke                # a profile's own mode
+
+The reward is a stand-in (every other episode succeeds, :class:`HalfJudge`: the tiny base solves nothing). Figures:
+env utilisation = env sessions held ÷ env workers (the servers' ``/stats``, sampled every 50 ms), engine
+utilisation = seconds the engines' models ran batches (their ``/health`` ``busy_s``) ÷ wall, the staleness of the
+trained trajectories (versions behind the trainer; "within bound": all ≤ k), and the largest rollout/trainer
+logprob gap on on-policy rows (``loss/logprob_gap_max``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -251,5 +269,237 @@ def main() -> None:
         print("| " + " | ".join(f.format(r[k]) for _, k, f in cols) + " |")
 
 
+# ------------------------------------------------------------------------- real processes on loopback (`real`)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-async-token"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_servers(args: argparse.Namespace, render: bool) -> tuple[list[Any], list[str], list[str]]:
+    """``--engines`` ``serve_openai --weight-sync`` processes and ``--env-servers`` ``mobilerl env serve`` processes
+    (rendering screenshots with ``render``), every one on 127.0.0.1, as an operator starts them; waits until all
+    answer ``/health``."""
+    import os
+    import subprocess
+
+    import httpx
+
+    env = {**os.environ, "MOBILERL_ENV_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs, engines, envs = [], [], []
+    for _ in range(args.engines):
+        port = _free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "mobilerl.models.serve_openai", args.init, "--port",
+                                       str(port), "--weight-sync", "--device", "cpu", "--max-batch",
+                                       str(args.max_batch)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        engines.append(f"http://127.0.0.1:{port}/v1")
+    for _ in range(args.env_servers):
+        port = _free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "mobilerl.cli", "env", "serve", "--port", str(port),
+                                       "--backend", "sim", "--size", str(args.env_workers), "--no-isolate",
+                                       *(["--render"] if render else [])], env=env, cwd=ROOT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        envs.append(f"http://127.0.0.1:{port}")
+    deadline = time.time() + 300
+    for proc, url in zip(procs, [u.removesuffix("/v1") for u in engines] + envs, strict=True):
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{url} did not start")
+            time.sleep(0.3)
+    return procs, engines, envs
+
+
+class Occupancy(threading.Thread):
+    """Samples every env server's ``GET /stats`` (sessions held, workers) every ``every`` s: env utilisation is
+    the held sessions over the workers, averaged over a window."""
+
+    def __init__(self, urls: list[str], every: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        import httpx
+
+        self.urls, self.every, self.halt = urls, every, threading.Event()
+        self.http = httpx.Client(timeout=2, headers={"Authorization": f"Bearer {TOKEN}"})
+        self.samples: list[tuple[float, int, int]] = []  # (time, sessions, workers)
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                stats = [self.http.get(u + "/stats").json() for u in self.urls]
+                self.samples.append((time.perf_counter(), sum(s["sessions"] for s in stats),
+                                     sum(s["workers"] for s in stats)))
+            except Exception:  # noqa: BLE001 - a sample missed is a sample missed
+                pass
+            time.sleep(self.every)
+
+    def util(self, t0: float, t1: float) -> float:
+        got = [(s, w) for t, s, w in self.samples if t0 <= t <= t1 and w]
+        return sum(s / w for s, w in got) / len(got) if got else 0.0
+
+
+def engine_busy(urls: list[str]) -> list[float]:
+    """Each engine's ``busy_s`` (seconds its model has run batches, from ``GET /health``)."""
+    import httpx
+
+    return [float(httpx.get(u.removesuffix("/v1") + "/health", timeout=5).json()["busy_s"]) for u in urls]
+
+
+class HalfJudge:
+    """A stand-in reward: every other episode (by a hash of its id) succeeds. The tiny base solves no task, so
+    without it every group is all-failed, pruned, and nothing trains (no staleness to correct)."""
+
+    def score(self, trajs: list[Any]) -> list[float]:
+        from mobilerl.seeding import stable_seed
+
+        return [0.9 if stable_seed(t.episode_id) % 2 else 0.1 for t in trajs]
+
+
+class RecordingTrainer(Trainer):
+    """The real trainer; records the policy versions each round trains."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.trained: list[tuple[int, list[str | None]]] = []
+
+    def batch(self, groups: Any, r: int, ctx: Any = None) -> Any:
+        self.trained.append((r, [t.policy_version for g in groups for t in g.trajectories]))
+        return super().batch(groups, r, ctx)
+
+
+def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str], envs: list[str],
+              obs_mode: str, pool: list[TaskSpec], occupancy: Occupancy) -> dict[str, Any]:
+    """One run of the `rl` loop against the servers: synchronous rounds (``staleness`` None) or ``rl.async``."""
+    from mobilerl.models.hf_backend import HFBackend
+    from mobilerl.models.profiles import load_profile
+    from mobilerl.rl.async_engines import remote_workers
+    from mobilerl.rl.engine import remote_engines
+    from mobilerl.rl.run import policy_spec
+
+    rounds = args.rounds_sync if staleness is None else args.rounds
+    with tempfile.TemporaryDirectory(prefix="mobilerl-bench-async-") as tmp:
+        cfg = RLConfig.model_validate({
+            "profile": args.profile, "init": args.init, "rounds": rounds, "checkpoint_every": rounds, "seed": 0,
+            "fcf": False, "tis_cap": 2.0, "lab_share": 1.0, "reward_model": "HalfJudge (a stand-in)",
+            "engines": engines, "env_servers": envs, "weight_sync": args.weight_sync,
+            "rollout_concurrency": args.concurrency, "env_pool": {"health_interval_s": 1.0},
+            "async": None if staleness is None else {"max_staleness": staleness}, "work": tmp,
+            "overrides": {"train_batch_size": args.tasks, "samples_per_task": args.n, "kl_coef": 0.0,
+                          "max_new_tokens": args.max_new_tokens, "learning_rate": 1e-3}})
+        g = load_profile(args.profile).generation
+        fmt = PromptFormat(obs_mode, g.prompt_style, g.max_history, g.coords)
+        backend = HFBackend.from_pretrained(args.init, device="cpu", fast_prefill=False, prefix_cache_tokens=0)
+        trainer = RecordingTrainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt,
+                                   backend.prompt_inputs)
+        spec = dataclasses.replace(policy_spec(cfg, Path(args.init)), obs_mode=obs_mode)
+        work = Path(tmp)
+        workers: Any = (remote_engines(cfg, spec, trainer, work) if staleness is None
+                        else remote_workers(cfg, spec, trainer, work))
+        busy0, t0 = engine_busy(engines), time.perf_counter()
+        with workers as w:
+            loop = train if staleness is None else train_async
+            curve = loop(trainer, w, pool, work, progress=False, judge=HalfJudge())
+        t1, busy1 = time.perf_counter(), engine_busy(engines)
+    wall = t1 - t0
+    ages = [r - int(v) for r, vs in trainer.trained for v in vs if v is not None]
+    k = staleness or 0
+    return {
+        "mode": "sync" if staleness is None else f"async k={staleness}", "rounds": rounds, "wall_s": wall,
+        "env_util": occupancy.util(t0, t1),
+        "engine_util": sum(b - a for a, b in zip(busy0, busy1, strict=True)) / (len(engines) * wall),
+        "env_steps_per_s": sum(v for c in curve for key, v in c.items()
+                               if key.startswith("envs/") and key.endswith("/steps")) / wall,
+        "trained_traj_per_s": sum(c["rollout/episodes"] for c in curve) / wall,
+        "staleness": {a: ages.count(a) for a in range(k + 1)},
+        "dropped_stale": sum(c.get("async/dropped_stale", 0.0) for c in curve),
+        "within_bound": all(0 <= a <= k for a in ages),
+        "on_policy_trajectories": ages.count(0),
+        "gap_max": max(c.get("loss/logprob_gap_max", 0.0) for c in curve),
+        "reruns": sum(c.get("async/reruns", 0.0) for c in curve),
+        "failures": sum(c["rollout/env_failures"] + c["rollout/engine_failures"] for c in curve),
+        "step_s": sum(c["time/step_s"] for c in curve) / rounds,
+        "train_s": sum(c["time/train_s"] for c in curve) / rounds,
+    }
+
+
+def real_main(argv: list[str]) -> None:
+    """``bench_async.py real``: the loop against real processes on loopback, synchronous rounds and ``rl.async``
+    in the same run, on the same servers."""
+    import os
+
+    from mobilerl.env.factory import renders
+    from mobilerl.env.sim.tasks import list_tasks
+    from mobilerl.models.profiles import load_profile
+
+    ap = argparse.ArgumentParser(prog="bench_async.py real", description=real_main.__doc__)
+    ap.add_argument("--profile", default="tiny", help="model profile (its rl: and generation: sections)")
+    ap.add_argument("--init", default=None, help="checkpoint of engines and trainer (default: the profile's weights)")
+    ap.add_argument("--obs-mode", default=None, help="observation mode (default: the profile's); screenshot modes "
+                                                     "make the env servers render")
+    ap.add_argument("--engines", type=int, default=2, help="serve_openai engine processes")
+    ap.add_argument("--env-servers", type=int, default=2, help="mobilerl env serve processes")
+    ap.add_argument("--env-workers", type=int, default=8, help="envs each env server runs")
+    ap.add_argument("--concurrency", type=int, default=8, help="rl.rollout_concurrency (episodes an engine)")
+    ap.add_argument("--max-batch", type=int, default=16, help="each engine's micro-batch")
+    ap.add_argument("--weight-sync", choices=("reload", "broadcast"), default="reload", help="rl.weight_sync")
+    ap.add_argument("--tasks", type=int, default=4, help="tasks a round (groups)")
+    ap.add_argument("--n", type=int, default=4, help="episodes a task")
+    ap.add_argument("--max-steps", type=int, default=4, help="step budget of an episode")
+    ap.add_argument("--max-new-tokens", type=int, default=24, help="tokens a response")
+    ap.add_argument("--rounds", type=int, default=6, help="asynchronous rounds")
+    ap.add_argument("--rounds-sync", type=int, default=4, help="synchronous rounds")
+    ap.add_argument("--staleness", type=int, nargs="+", default=[1], help="max_staleness values to run")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    profile = load_profile(args.profile)
+    args.init = args.init or str(ROOT / profile.weights)
+    obs_mode = args.obs_mode or profile.generation.obs_mode
+    os.environ["MOBILERL_ENV_TOKEN"] = TOKEN
+    pool = [dataclasses.replace(t, has_verifier=False, complexity=args.max_steps / 10)
+            for t in list_tasks("world", "train", n=1)]
+    procs, engines, envs = start_servers(args, renders(obs_mode))
+    occupancy = Occupancy(envs)
+    occupancy.start()
+    try:
+        rows = [real_mode(args, None, engines, envs, obs_mode, pool, occupancy)]
+        rows += [real_mode(args, k, engines, envs, obs_mode, pool, occupancy) for k in args.staleness]
+    finally:
+        occupancy.halt.set()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+    if args.json:
+        print(json.dumps({"args": vars(args), "obs_mode": obs_mode, "modes": rows}, indent=1))
+        return
+    print(f"{args.engines} engines (serve_openai, {args.profile} at {args.init}), {args.env_servers} env servers x "
+          f"{args.env_workers} envs ({'rendering' if renders(obs_mode) else 'xml'}), {args.tasks} tasks x {args.n} a "
+          f"round, {args.max_steps} steps at most, obs_mode {obs_mode}, weight sync {args.weight_sync}")
+    cols = [("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
+            ("env util", "env_util", "{:.1%}"), ("engine util", "engine_util", "{:.1%}"),
+            ("env steps/s", "env_steps_per_s", "{:.2f}"), ("trained traj/s", "trained_traj_per_s", "{:.2f}"),
+            ("staleness (trained)", "staleness", "{}"), ("dropped stale", "dropped_stale", "{:.0f}"),
+            ("within bound", "within_bound", "{}"), ("gap on-policy", "gap_max", "{:.1e}"),
+            ("on-policy traj", "on_policy_trajectories", "{}"), ("step s", "step_s", "{:.2f}"),
+            ("update s", "train_s", "{:.2f}")]
+    print("| " + " | ".join(c[0] for c in cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f.format(r[k]) for _, k, f in cols) + " |")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["real"]:
+        real_main(sys.argv[2:])
+    else:
+        main()

@@ -5,20 +5,13 @@ a server killed mid-run and restarted."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
+from env_servers import TOKEN, ThreadServer, free_port, serve_env, servers, wait_healthy
 
 from mobilerl.agent.policy import OraclePolicy, ScriptedPolicy
 from mobilerl.env.actions import Action, format_action
@@ -32,13 +25,12 @@ from mobilerl.env.cluster import (
     server_name,
 )
 from mobilerl.env.fake import BUTTON, CounterEnv
-from mobilerl.env.server import RemoteEnv, create_app
+from mobilerl.env.server import RemoteEnv
 from mobilerl.eval.runner import evaluate
 from mobilerl.rl.groups import make_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
-TOKEN = "cluster-test-token"
 TAP = format_action(Action("Tap", element=BUTTON))
 FINISH = format_action(Action("Finish", message="done"))
 
@@ -59,88 +51,6 @@ class OffByOne(CounterEnv):
         super().reset(task)
         self.count = 1
         return self._observe()
-
-
-class Faults:
-    """ASGI middleware that makes a server misbehave on purpose: answer ``status`` to the next ``fail[path]``
-    requests of a path (-1: all of them; ``"*"``: every path, /health too), or stall requests for ``hang_s``."""
-
-    def __init__(self, app):
-        self.app = app
-        self.fail: dict[str, int] = {}
-        self.fail_after: dict[str, int] = {}  # let this many requests of a path through before failing
-        self.status = 500
-        self.hang_s = 0.0
-        self.seen: dict[str, int] = {}
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        self.seen[path] = self.seen.get(path, 0) + 1
-        if self.hang_s:
-            await asyncio.sleep(self.hang_s)
-        key = path if path in self.fail else "*" if "*" in self.fail else None
-        if key is not None and self.fail[key] != 0 and self.seen[path] > self.fail_after.get(path, 0):
-            self.fail[key] -= 1 if self.fail[key] > 0 else 0
-            body = json.dumps({"detail": f"injected fault on {path}"}).encode()
-            await send({"type": "http.response.start", "status": self.status,
-                        "headers": [(b"content-type", b"application/json")]})
-            await send({"type": "http.response.body", "body": body})
-            return None
-        return await self.app(scope, receive, send)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ThreadServer:
-    """An env server (uvicorn) in a thread, on 127.0.0.1, behind :class:`Faults`; stop() and start() again on the
-    same port (a restarted server)."""
-
-    def __init__(self, size: int = 2, factory=CounterEnv, **app_kwargs):
-        self.size, self.factory, self.app_kwargs = size, factory, {"isolate": False, **app_kwargs}
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.faults: Faults | None = None
-        self.server: uvicorn.Server | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> ThreadServer:
-        self.faults = Faults(create_app(self.factory, token=TOKEN, size=self.size, **self.app_kwargs))
-        self.server = uvicorn.Server(uvicorn.Config(self.faults, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.should_exit = True
-            self.thread.join(15)
-
-    def __enter__(self) -> ThreadServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-@contextmanager
-def servers(*sizes: int, factory=CounterEnv):
-    started = [ThreadServer(s, factory).start() for s in sizes]
-    try:
-        yield started
-    finally:
-        for s in started:
-            s.stop()
 
 
 def cluster(urls, **cfg) -> EnvServers:
@@ -298,7 +208,7 @@ def test_a_replay_that_reaches_another_screen_fails_the_episode_as_an_env_failur
 
 
 def test_no_server_up_and_a_wrong_token_are_clear_errors():
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     envs = cluster([dead], wait_for_server_s=0.3)
     with pytest.raises(EnvError, match=f"no env server is up: {dead}: health probe failed"):
         run(envs, counter_tasks(1))
@@ -313,27 +223,6 @@ def test_no_server_up_and_a_wrong_token_are_clear_errors():
 # -- a real server process killed mid-run, then restarted ---------------------------------------------------------
 
 
-def _serve(port: int) -> subprocess.Popen:
-    """``mobilerl env serve`` as an operator starts it: the simulator, 2 workers, token from the environment."""
-    env = {**os.environ, "MOBILERL_ENV_TOKEN": TOKEN}
-    return subprocess.Popen([sys.executable, "-m", "mobilerl.cli", "env", "serve", "--port", str(port),
-                             "--backend", "sim", "--size", "2", "--no-isolate"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"env server on {port} exited with {proc.returncode}"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"env server on {port} did not come up"
-        time.sleep(0.2)
-
-
 class SlowOracle(OraclePolicy):
     """The simulator's expert, 0.2 s a step: episodes last long enough to kill a server under them."""
 
@@ -346,11 +235,11 @@ class SlowOracle(OraclePolicy):
 def test_a_server_killed_mid_run_is_marked_down_its_episodes_replayed_and_a_restart_rejoins():
     from mobilerl.env.sim.tasks import list_tasks
 
-    ports = [_free_port() for _ in range(3)]
-    procs = [_serve(p) for p in ports]
+    ports = [free_port() for _ in range(3)]
+    procs = [serve_env(p) for p in ports]
     try:
         for p, proc in zip(ports, procs, strict=True):
-            _wait_healthy(p, proc)
+            wait_healthy(p, proc)
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         victim = urls[1]
         envs = cluster(urls, health_interval_s=0.5, request_timeout_s=10)
@@ -380,8 +269,8 @@ def test_a_server_killed_mid_run_is_marked_down_its_episodes_replayed_and_a_rest
         assert all(t.error is None for t in trajs), [t.error for t in trajs if t.error]
         assert all(t.success for t in trajs)  # the oracle solves each task, wherever its episode ran
 
-        procs[1] = _serve(ports[1])  # replaced on the same address
-        _wait_healthy(ports[1], procs[1])
+        procs[1] = serve_env(ports[1])  # replaced on the same address
+        wait_healthy(ports[1], procs[1])
         trajs = run(envs, tasks, policy=SlowOracle(), n_trials=2, concurrency=6)
         v = envs.take_stats()[server_name(victim)]
         assert all(t.success for t in trajs)

@@ -12,8 +12,10 @@
 The budget counts every response, invalid ones included (so a policy cannot stall on malformed
 output). Env failures (any exception from reset/step/evaluate, :class:`~mobilerl.env.base.EnvError` and
 :class:`~mobilerl.env.base.EnvCrashed` above all) and policy failures end the episode with
-``Trajectory.fail`` (kind ``env`` / ``policy``) instead of raising; cancellation propagates. An episode that
-spends its budget unfinished ends with kind ``budget`` (``parse`` when no response of it parsed).
+``Trajectory.fail`` (kind ``env`` / ``policy``, or the kind the policy's error names: ``engine`` when the engine
+serving it is unreachable, :class:`~mobilerl.models.generation.EngineUnavailable`) instead of raising; cancellation
+propagates. An episode that spends its budget unfinished ends with kind ``budget`` (``parse`` when no response of
+it parsed).
 CPU work outside the env (XML compression, PNG encoding) runs in a worker thread, so the event loop is
 never blocked.
 """
@@ -124,7 +126,9 @@ async def rollout(
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001
-            traj.fail("policy", f"{type(e).__name__}: {e}")
+            # an error may name its kind: EngineUnavailable's "engine" (the engine serving the policy is down)
+            kind = "engine" if getattr(e, "error_kind", None) == "engine" else "policy"
+            traj.fail(kind, f"{type(e).__name__}: {e}")
             break
         policy_s = time.perf_counter() - t0
         history.append(out.text)

@@ -274,9 +274,10 @@ def has_loop(traj: Trajectory, max_period: int = 4) -> bool:
 
 def is_env_error(traj: Trajectory) -> bool:
     """Whether the episode was cut short by the infrastructure (its env crashed, timed out or could not be
-    leased), not by the policy: it says nothing about the policy, so evaluation re-runs it or leaves it out
-    of the success rate (:data:`~mobilerl.trajectory.ErrorKind` ``env``)."""
-    return traj.error_kind == "env"
+    leased, or the engine serving the policy was unreachable), not by the policy: it says nothing about the
+    policy, so evaluation re-runs it or leaves it out of the success rate (:data:`~mobilerl.trajectory.ErrorKind`
+    ``env`` and ``engine``)."""
+    return traj.error_kind in ("env", "engine")
 
 
 def failure_flags(traj: Trajectory, invalid_share: float = 1 / 3) -> list[str]:

@@ -30,6 +30,14 @@ class GenerationError(RuntimeError):
     """A backend could not serve a request (server down, malformed response, engine failure)."""
 
 
+class EngineUnavailable(GenerationError):
+    """A remote engine could not be reached, or answered that it cannot serve now (408/429/502/503/504), after
+    the client's retries: the infrastructure failed, not the policy (an episode it cuts short ends with error
+    kind ``engine``, :data:`mobilerl.trajectory.ErrorKind`)."""
+
+    error_kind = "engine"  # what the rollout records (mobilerl.agent.rollout reads it off the error)
+
+
 # ------------------------------------------------------------------------------------- requests
 
 

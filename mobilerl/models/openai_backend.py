@@ -6,8 +6,9 @@
 and ``score`` (three ``prompt_logprobs`` requests, checked to tokenize as prefixes of each other; T = 1 only)
 need vLLM's extensions: set ``vllm_extensions=False`` for other servers. vLLM returns this project's
 logprobs only with ``--logprobs-mode processed_logprobs`` and ``top_p = 1``. Connection errors, timeouts,
-429 and 5xx are retried with backoff, then raise :class:`~mobilerl.models.generation.GenerationError`;
-other failures raise it at once.
+429 and 5xx are retried with backoff, then raise :class:`~mobilerl.models.generation.EngineUnavailable` (an
+outage: unreachable, 408/429/502/503/504) or :class:`~mobilerl.models.generation.GenerationError` (a 500 that
+persists); other failures raise ``GenerationError`` at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 
 from mobilerl.models.generation import (
     ChatRequest,
+    EngineUnavailable,
     Generation,
     GenerationError,
     SamplingConfig,
@@ -30,6 +32,7 @@ from mobilerl.models.generation import (
 )
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+UNAVAILABLE_STATUS = RETRY_STATUS - {500}  # a 500 that persists is the engine's bug, not an outage
 
 
 def image_data_url(image: Any) -> str:
@@ -200,7 +203,7 @@ class OpenAIBackend:
         client = self._http()
         assert self._sem is not None
         url = f"{self.base_url}{path}"
-        last = ""
+        last, unavailable = "", True
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -208,10 +211,10 @@ class OpenAIBackend:
                 async with self._sem:
                     r = await client.request(method, path, json=payload)
             except httpx.TransportError as e:  # connection refused/reset, timeouts
-                last = f"{type(e).__name__}: {e}"
+                last, unavailable = f"{type(e).__name__}: {e}", True
                 continue
             if r.status_code in RETRY_STATUS:
-                last = f"HTTP {r.status_code}: {_snippet(r.text)}"
+                last, unavailable = f"HTTP {r.status_code}: {_snippet(r.text)}", r.status_code in UNAVAILABLE_STATUS
                 continue
             if r.status_code >= 400:
                 raise GenerationError(f"{method} {url} -> HTTP {r.status_code}: {_snippet(r.text)}")
@@ -219,7 +222,8 @@ class OpenAIBackend:
                 return r.json()
             except ValueError:
                 raise GenerationError(f"{method} {url} returned non-JSON: {_snippet(r.text)}") from None
-        raise GenerationError(f"{method} {url} failed after {self.max_retries + 1} attempts; last error: {last}")
+        error = EngineUnavailable if unavailable else GenerationError
+        raise error(f"{method} {url} failed after {self.max_retries + 1} attempts; last error: {last}")
 
     async def model_name(self) -> str:
         if self.model is None:

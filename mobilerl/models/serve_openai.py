@@ -5,7 +5,8 @@ the embedded default's rollout server (the HF backend on the tiny model), speaki
     python -m mobilerl.models.serve_openai models/tiny-base --port 8000     # 127.0.0.1 only by default
     MOBILERL_API_KEY=... python -m mobilerl.models.serve_openai ...          # then a Bearer token is required
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (no streaming, no tools);
+Endpoints: ``GET /health`` (with the HF backend: ``busy_s``, the seconds its model has run batches, and its
+``batches`` and ``requests`` so far), ``GET /v1/models``, ``POST /v1/chat/completions`` (no streaming, no tools);
 with ``--weight-sync``, the RL rollout engine's weight endpoints (:mod:`mobilerl.models.weight_server`), and every
 completion carries ``policy_version``, the version of the weights that sampled it.
 Request fields: ``messages`` (string content, or parts ``text`` / ``image_url`` with a ``data:`` URL; remote
@@ -189,8 +190,11 @@ def create_app(backend: GenerationBackend, *, model_name: str = "mobilerl", api_
         return await call_next(request)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        stats = getattr(backend, "stats", None)  # the HF backend's micro-batcher: how busy its model has been
+        if stats is None:
+            return {"status": "ok"}
+        return {"status": "ok", "busy_s": stats.busy_s, "batches": stats.batches, "requests": stats.items}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

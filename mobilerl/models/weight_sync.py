@@ -369,9 +369,18 @@ class ReloadSync(WeightSync):
         self.directory = Path(directory).resolve()
 
     def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        path = self.write(model, version)
+        t1 = time.perf_counter()
+        self.load(path, version)
+        return {"sync/write_s": t1 - t0, "sync/load_s": time.perf_counter() - t1, "sync/s": time.perf_counter() - t0,
+                "sync/bytes": float(path.stat().st_size)}
+
+    def write(self, model: torch.nn.Module, version: int) -> Path:
+        """The push's file: ``model``'s tensors as the engines hold them, written atomically; returns its path
+        (several engines' syncs over one directory can all :meth:`load` one file)."""
         from safetensors.torch import save_file
 
-        t0 = time.perf_counter()
         cpu = torch.device("cpu")
         tensors = {m.name: on_wire(m, t, cpu) for m, t in self.wire(model)}
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -379,12 +388,12 @@ class ReloadSync(WeightSync):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         save_file(tensors, str(tmp), metadata={"version": str(version)})
         os.replace(tmp, path)  # an engine never opens a half-written file
-        t1 = time.perf_counter()
+        return path
+
+    def load(self, path: str | Path, version: int) -> None:
+        """Every engine loads ``path`` (written by :meth:`write`) as ``version``, confirmed."""
         self._each(lambda u: self._call("POST", u, "/weights", {"path": str(path), "version": version}))
-        t2 = time.perf_counter()
         self._confirm(version)
-        return {"sync/write_s": t1 - t0, "sync/load_s": t2 - t1, "sync/s": time.perf_counter() - t0,
-                "sync/bytes": float(path.stat().st_size)}
 
 
 class BroadcastSync(WeightSync):

@@ -48,7 +48,7 @@ from mobilerl.agent.runner import episode_seed
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.async_workers import Job, Workers
 from mobilerl.rl.hooks import RoundContext
-from mobilerl.rl.loop import LogMetrics, close_round, open_curve
+from mobilerl.rl.loop import LogMetrics, close_round, open_curve, prune_screens
 from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -75,6 +75,7 @@ class Scheduler:
         self.lock = threading.Lock()
         self.issued = 0  # groups
         self.completed = 0  # episodes
+        self.reruns = 0  # episodes queued again after their env or engine failed
         self.loads: list[tuple[int, int, float]] = []  # (worker, version, seconds)
         self._queued: deque[tuple[int, int, int, TaskSpec]] = deque()  # (draw, position, base seed, task)
         self._pending: dict[tuple[int, str], tuple[int, list[Trajectory]]] = {}  # (draw, task) -> position, episodes
@@ -114,12 +115,15 @@ class Scheduler:
     def take(self) -> tuple[list[list[Trajectory]], float]:
         """Wait for G complete groups; returns them in completion order, and the seconds waited."""
         t0 = time.perf_counter()
-        with self._cv:
-            while len(self._ready) < self.groups:
+        while True:
+            with self._cv:
                 if self._error is not None:
                     raise RuntimeError(f"rl async: the rollout side failed: {self._error!r}") from self._error
+                if len(self._ready) >= self.groups:
+                    out = [self._ready.popleft() for _ in range(self.groups)]
+                    break
                 self._cv.wait(0.1)
-            out = [self._ready.popleft() for _ in range(self.groups)]
+            self.workers.idle()  # outside the lock: a rejoining engine's push may take a while
         with self.lock:
             self._done |= {(d, g[0].task_id) for d, _, g in out}
         return [g for _, _, g in out], time.perf_counter() - t0
@@ -169,6 +173,9 @@ class Scheduler:
                     continue
                 if item[0] == "load":
                     self.loads.append(item[1:])
+                    continue
+                if item[0] == "rerun":
+                    self.reruns += 1
                     continue
                 _, d, traj = item
                 pos, group = self._pending[(d, traj.task_id)]
@@ -221,6 +228,7 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
     if cfg.tis_cap is None:
         log.warning("rl.async without rl.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
     max_staleness = cfg.async_.max_staleness
+    screens = workers.screens  # where the workers keep screenshots (screenshot observation modes)
     curve_path, curve = open_curve(work, trainer.round)
     draws_path = work / "async.json"
     point = json.loads(draws_path.read_text()) if trainer.round and draws_path.exists() else {"draws": 0}
@@ -229,6 +237,9 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
                       {(d, t) for d, t in point.get("trained", [])})
 
     def publish(v: int) -> None:
+        if workers.pushes_weights:  # remote engines: the weights move by rl.weight_sync, no file for workers
+            sched.publish(v, "")
+            return
         path = work / f"policy.v{v}.safetensors"
         trainer.save_weights(path)
         sched.publish(v, path)
@@ -239,9 +250,9 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
         tmp.write_text(json.dumps(sched.resume_point()))
         tmp.replace(draws_path)
 
-    if trainer.round > 0:
-        publish(trainer.round)  # resumed: the workers start from the checkpoint's weights
-    seen_loads = 0
+    if trainer.round > 0 or workers.pushes_weights:
+        publish(trainer.round)  # resumed: the checkpoint's weights; engines: the trainer's, whatever they serve
+    seen_loads, seen_reruns = 0, 0
     bar = tqdm(range(trainer.round, cfg.rounds), initial=trainer.round, total=cfg.rounds, desc="adagrpo-async",
                disable=not progress, dynamic_ncols=True)
     try:
@@ -267,11 +278,16 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
                 publish(r + 1)
                 ready, in_flight = sched.backlog()
                 loads, seen_loads = sched.loads[seen_loads:], len(sched.loads)
+                reruns, seen_reruns = sched.reruns - seen_reruns, sched.reruns
                 m |= {"async/dropped_stale": float(stale), "async/staleness_mean": float(np.mean(ages)) if ages else 0.0,
                       "async/staleness_max": float(max(ages, default=0)), "async/groups_waiting": float(ready),
+                      **{f"async/staleness_{a}": float(ages.count(a)) for a in range(max_staleness + 1)},
                       "async/episodes_in_flight": float(in_flight), "async/worker_loads": float(len(loads)),
-                      "async/worker_load_s": max((x[2] for x in loads), default=0.0),
-                      "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/sync_s": time.perf_counter() - ts}
+                      "async/worker_load_s": max((x[2] for x in loads), default=0.0), "async/reruns": float(reruns),
+                      "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/sync_s": time.perf_counter() - ts,
+                      **workers.metrics()}  # engines/<engine>/..., envs/<server>/..., sync/...: the rollout side's
+                if screens is not None:
+                    prune_screens(screens, trainer, sched.resume_point()["draws"])
                 close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws)
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
     finally:
@@ -279,3 +295,4 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
         for p in work.glob("policy.v*.safetensors"):
             p.unlink(missing_ok=True)
     return curve
+

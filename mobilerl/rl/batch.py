@@ -5,6 +5,12 @@ A row is one model turn: the prompt the policy saw at that step (rebuilt from th
 compressed screen), the sampled token ids and their behaviour logprobs (stored by the rollout), and the
 trajectory's advantage. Logprobs are recomputed with :func:`mobilerl.models.logprobs.token_logprobs` on a
 right-padded batch, so the ratio π_θ/π_behaviour starts at 1 on-policy (checked by a test to 1e-4).
+
+Screenshot observation modes: the step's screenshot is read back from the file the rollout kept
+(``StepRecord.screenshot_path``), and the row carries the vision tower's inputs as generation encoded them
+(``prompt_inputs``: ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``), so the forward sees what the
+engine saw; the model then derives its M-RoPE positions from the image grid. (The pixel tensors of a round's rows are held until its update:
+about 12 MB a step at 500,000 pixels.)
 """
 
 from __future__ import annotations
@@ -41,12 +47,21 @@ class Row:
     advantage: float
     on_policy: bool = True  # False for an AdaPR replay (sampled by an older policy)
     ref_logprobs: list[float] | None = None  # under the frozen reference policy, once computed
+    vision: dict[str, torch.Tensor] | None = None  # the prompt's pixel_values / image_grid_thw (screenshot modes)
+    images: tuple[str, ...] = ()  # the screenshot files the prompt shows (two prompts' image tokens look alike)
 
 
 def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
-    """The chat request of every step of ``traj`` (text modes only: screenshots are not stored)."""
-    if fmt.obs_mode != "xml":
-        raise ValueError(f"RL rebuilds prompts from stored steps; obs_mode {fmt.obs_mode!r} needs the screenshots")
+    """The chat request of every step of ``traj``, with the step's kept screenshot in screenshot modes."""
+    from PIL import Image
+
+    from mobilerl.env.factory import renders
+
+    shots = renders(fmt.obs_mode)
+    missing = [s.index for s in traj.steps if shots and not s.screenshot_path]
+    if missing:
+        raise ValueError(f"RL rebuilds prompts from stored steps; obs_mode {fmt.obs_mode!r} needs their screenshots, "
+                         f"and {traj.episode_id} step {missing[0]} kept none (the rollout's keep_screenshots_dir)")
     size = traj.meta.get("screen_size") or (1080, 2400)
     out = []
     for t, step in enumerate(traj.steps):
@@ -55,18 +70,32 @@ def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
             traj.instruction, history, prompt.screen_in_frame(step.xml_compressed, size, fmt.coords), app=step.app,
             mode=fmt.obs_mode, reasoning=fmt.reasoning, max_history=fmt.max_history, style=fmt.prompt_style,
             coords=fmt.coords)
-        out.append(ChatRequest(messages))
+        images = None
+        if shots:
+            with Image.open(step.screenshot_path) as im:
+                images = [im.convert("RGB")]
+        out.append(ChatRequest(messages, images))
     return out
 
 
 def trajectory_rows(traj: Trajectory, advantage: float, fmt: PromptFormat,
-                    prompt_ids: Callable[[ChatRequest], list[int]], on_policy: bool = True) -> list[Row]:
+                    prompt_ids: Callable[[ChatRequest], list[int]], on_policy: bool = True,
+                    prompt_inputs: Callable[[ChatRequest], tuple[list[int], dict[str, Any]]] | None = None
+                    ) -> list[Row]:
     """One row per step that carries its sampled token ids and logprobs (invalid answers included: their
     tokens were the policy's action too); reference logprobs from ``traj.meta["ref_logprobs"]`` when a
-    previous round stored them there (a replayed trajectory's are fixed: the reference policy is frozen)."""
+    previous round stored them there (a replayed trajectory's are fixed: the reference policy is frozen).
+    A prompt with a screenshot is encoded by ``prompt_inputs`` (ids and vision inputs)."""
     rows = []
     for step, req in zip(traj.steps, step_requests(traj, fmt), strict=True):
         if not step.token_ids or step.logprobs is None:
+            continue
+        if req.images:
+            if prompt_inputs is None:
+                raise ValueError(f"obs_mode {fmt.obs_mode!r}: the trainer needs prompt_inputs to encode screenshots")
+            ids, vision = prompt_inputs(req)
+            rows.append(Row(ids, list(step.token_ids), list(step.logprobs), float(advantage), on_policy,
+                            vision=vision, images=(str(step.screenshot_path),)))
             continue
         rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage), on_policy))
     cached = traj.meta.get("ref_logprobs")
@@ -80,7 +109,7 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
     """Rows grouped (longest first) so that a batch's padded forward stays within ``max_tokens``. Rows with the
     same prompt and response ids (a confident policy repeats itself; replays repeat earlier rounds) share one
     forward, so they go into the same batch and count once."""
-    same: dict[tuple[tuple[int, ...], tuple[int, ...]], list[Row]] = {}
+    same: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]], list[Row]] = {}
     for r in rows:
         same.setdefault(_key(r), []).append(r)
     batches: list[list[list[Row]]] = []
@@ -93,8 +122,8 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
     return [[r for group in b for r in group] for b in batches]
 
 
-def _key(r: Row) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return tuple(r.prompt_ids), tuple(r.response_ids)
+def _key(r: Row) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+    return tuple(r.prompt_ids), tuple(r.response_ids), r.images
 
 
 def _width(r: Row) -> int:
@@ -107,7 +136,7 @@ def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str | None 
     row: ``seq`` (B,) the index of its sequence, ``behaviour_logprobs`` and ``response_mask`` (B, R),
     ``advantages`` and ``on_policy`` (B,), and ``ref_logprobs`` (B, R) when every row has them; on ``device``
     (the model's) when given."""
-    index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    index: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]], int] = {}
     seq = [index.setdefault(_key(r), len(index)) for r in rows]
     uniq = {i: r for r, i in zip(rows, seq, strict=True)}
     uniq_rows = [uniq[i] for i in range(len(index))]
@@ -140,6 +169,15 @@ def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str | None 
            "on_policy": torch.tensor([r.on_policy for r in rows])}
     if all(r.ref_logprobs is not None for r in rows):
         out["ref_logprobs"] = ref  # (B, R)
+    seen = [r.vision for r in uniq_rows if r.vision]
+    for k, v0 in (seen[0] if seen else {}).items():
+        if v0.dim() == 1:  # per prompt token (mm_token_type_ids): zero over padding and responses (text)
+            out[k] = torch.zeros((u, width), dtype=v0.dtype)
+            for i, r in enumerate(uniq_rows):
+                if r.vision:
+                    out[k][i, : len(r.prompt_ids)] = r.vision[k]
+        else:  # the sequences' images in order, as the model fills its image tokens
+            out[k] = torch.cat([v[k] for v in seen])
     return out if device is None else {k: v.to(device) for k, v in out.items()}
 
 
@@ -147,8 +185,12 @@ def response_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Logits (U, R, V) at the positions that predict each response token: the decoder's hidden states there
     through the LM head only (the prompt's other positions need no vocabulary projection)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    position_ids = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
-    hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
+    if "pixel_values" in batch:  # the model derives the M-RoPE positions of image and text from the image grid
+        vision = {k: v for k, v in batch.items() if k.startswith(("pixel", "mm_")) or k.endswith("_grid_thw")}
+        hidden = model.model(input_ids=ids, attention_mask=mask, **vision).last_hidden_state
+    else:
+        position_ids = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+        hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
     pos = batch["positions"]
     picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (U, R, H)
     return model.lm_head(picked)

@@ -24,6 +24,12 @@ class AsyncConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_staleness: int = Field(..., ge=0, description=(
         "Drop a trajectory whose policy version is more than this many updates behind the trainer's weights."))
+    reruns: int = Field(2, ge=0, description=(
+        "Times an episode cut short by its env or engine is run again from its start, elsewhere, before it is "
+        "dropped and counted (never scored)."))
+    engine_wait_s: float = Field(300.0, gt=0, description=(
+        "Seconds an episode waits for a live engine with the current weights (rl.engines) before it fails as an "
+        "engine failure."))
 
 
 class _Section(BaseModel):
@@ -198,11 +204,17 @@ class RLConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
-    def _async_alone(self) -> RLConfig:
-        # the asynchronous loop (async_rollout.py) runs the in-process simulator and AdaGRPO's own mechanisms only
-        clash = [k for k in ("env_servers", "engines", "androidworld", "dart", "distrl", "bepa", "dynamic_sampling", "judge_all") if getattr(self, k, None)]
+    def _async_peers(self) -> RLConfig:
+        # the asynchronous loop takes complete groups from its pump: what needs the round to run episodes is refused
+        why = {"dart": "sets each task's rollout count when the round draws its tasks, and the asynchronous pump "
+                       "issues groups of samples_per_task",
+               "bepa": "seeds its cache with episodes run inside the round, and the asynchronous round runs none",
+               "dynamic_sampling": "draws more tasks inside the round, past the admission bound of one round's "
+                                   "groups a version",
+               "androidworld": "leases AndroidWorld's servers to the synchronous rollout side only"}
+        clash = [f"rl.{k} ({reason})" for k, reason in why.items() if getattr(self, k) is not None]
         if self.async_ is not None and clash:
-            raise ValueError(f"rl.async is not combined with rl.{', rl.'.join(clash)} yet; use synchronous rounds")
+            raise ValueError(f"rl.async is not combined with {'; '.join(clash)}: use synchronous rounds")
         return self
 
     @model_validator(mode="after")

@@ -13,9 +13,10 @@ completion from any other version than the round's fails the round (it cannot ha
 The prompt side is re-rendered by the trainer from the stored step with the same tokenizer and chat template
 (``mobilerl.rl.batch``): engines must serve a checkpoint with the trainer's tokenizer.
 
-An engine that cannot answer (after the HTTP client's retries) ends its episodes with a policy error, which fails
-the round (:func:`mobilerl.rl.groups.triage`): an infrastructure failure must never become a reward of 0. The run
-then resumes from its last checkpoint.
+An engine that cannot be reached (after the HTTP client's retries) ends its episodes with an engine failure, which
+the round drops and counts (:func:`mobilerl.rl.groups.triage`): an infrastructure failure must never become a
+reward of 0; a round whose every episode failed so stops, and the run resumes from its last checkpoint. (The
+asynchronous mode also runs such episodes again elsewhere and rejoins restarted engines: :mod:`mobilerl.rl.async_engines`.)
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ class RemoteEngines:
     def __init__(self, urls: Sequence[str], spec: PolicySpec, model: torch.nn.Module, sync: WeightSync,
                  api_key: str | None = None, timeout_s: float = 300.0, env_servers: EnvServers | None = None,
                  gathered: Callable[[], AbstractContextManager[Any]] | None = None,
-                 env_factory: Callable[[], Any] | None = None) -> None:
+                 env_factory: Callable[[], Any] | None = None, screens: Path | None = None) -> None:
         import contextlib
 
+        self.screens = screens  # where episodes keep their screenshots (screenshot modes: the update rereads them)
+        self._calls = itertools.count()
         self.urls, self.spec, self.model, self.sync = list(urls), spec, model, sync
         self.gathered = gathered or contextlib.nullcontext
         self.env_servers = env_servers  # episodes on env servers across hosts (None: the in-process simulator)
@@ -124,9 +127,10 @@ class RemoteEngines:
             return policies[next(turn) % len(policies)].with_seed(seed)
 
         try:
+            shots = None if self.screens is None else self.screens / f"d{version}" / f"c{next(self._calls)}"
             return await evaluate(factory, tasks, n_trials=n, base_seed=base_seed, progress=False, obs_mode=s.obs_mode,
                                   concurrency=s.concurrency * len(clients), env_servers=self.env_servers,
-                                  env_factory=self.env_factory,
+                                  env_factory=self.env_factory, keep_screenshots_dir=shots,
                                   **({"call_timeout": None} if self.env_factory is not None else {}))
         finally:
             for c in clients:
@@ -147,21 +151,28 @@ class RemoteEngines:
         self.close()
 
 
+def engines_api_key(cfg: Any) -> str | None:
+    """The engines' API key, from the environment variable ``rl.engines_api_key_env`` names (None: no key)."""
+    if not cfg.engines_api_key_env:
+        return None
+    api_key = os.environ.get(cfg.engines_api_key_env)
+    if not api_key:
+        raise ValueError(f"rl.engines_api_key_env: environment variable {cfg.engines_api_key_env!r} is not set")
+    return api_key
+
+
 def remote_engines(cfg: Any, spec: PolicySpec, trainer: Any, work: Path) -> RemoteEngines:
     """:class:`RemoteEngines` for an :class:`~mobilerl.rl.config.RLConfig` with ``engines`` set, pushing
     ``trainer``'s model; the reload transport writes into ``work/weights`` (on a filesystem the engines share)."""
-    api_key = None
-    if cfg.engines_api_key_env:
-        api_key = os.environ.get(cfg.engines_api_key_env)
-        if not api_key:
-            raise ValueError(f"rl.engines_api_key_env: environment variable {cfg.engines_api_key_env!r} is not set")
+    api_key = engines_api_key(cfg)
     sync = make_weight_sync(cfg.weight_sync, cfg.engines, directory=work / "weights", address=cfg.sync_address,
                             api_key=api_key)
     envs = EnvServers(cfg.env_servers, cfg.env_pool) if cfg.env_servers else None
+    from mobilerl.env.factory import env_factory, renders
+
     aw = None
     if cfg.androidworld is not None:
-        from mobilerl.env.factory import env_factory
-
         aw = env_factory("androidworld", obs_mode=spec.obs_mode, androidworld=cfg.androidworld)
     return RemoteEngines(cfg.engines, spec, trainer.model, sync, api_key=api_key, env_servers=envs,
-                         gathered=trainer.gathered, env_factory=aw)
+                         gathered=trainer.gathered, env_factory=aw,
+                         screens=work / "screens" if renders(spec.obs_mode) else None)

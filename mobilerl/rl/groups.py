@@ -3,10 +3,11 @@ group-relative advantages (MobileRL §2.2, Eq. 1), and the round's ``rollout/*``
 
 Error kinds (:data:`mobilerl.trajectory.ErrorKind`) are decided here and nowhere else (:func:`triage`):
 
-- ``env``: the episode says nothing about the policy; it leaves its group and is counted
-  (``rollout/env_failures``), never scored 0;
-- ``policy``: the policy could not run (an engine down, a screenshot model given no screenshot): a configuration
-  or infrastructure fault, so the round stops with :class:`RoundError` naming the cause;
+- ``env`` / ``engine``: the episode says nothing about the policy (its env, or the inference engine serving its
+  policy, failed); it leaves its group and is counted (``rollout/env_failures``, ``rollout/engine_failures``),
+  never scored 0 (the asynchronous workers first run it again elsewhere, ``rl.async.reruns``);
+- ``policy``: the policy could not run (a screenshot model given no screenshot, an engine that refuses the
+  request): a configuration fault, so the round stops with :class:`RoundError` naming the cause;
 - ``parse`` / ``budget``: the policy's own failures (nothing it said parsed / its step budget spent), scored as
   failures like any other and counted (``rollout/parse_failures``, ``rollout/budget_spent``).
 """
@@ -45,21 +46,29 @@ class Group:
         return [1.0 if t.success else 0.0 for t in self.trajectories]
 
 
-def triage(trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
-    """The episodes that train (order kept) and how many env failures left; raises :class:`RoundError` on a
-    policy failure (the module docstring)."""
+INFRASTRUCTURE = ("env", "engine")  # error kinds that leave their group, counted, never scored
+
+
+def triage(trajectories: Sequence[Trajectory], whole: bool = False) -> tuple[list[Trajectory], int]:
+    """The episodes that train (order kept) and how many env and engine failures left; raises
+    :class:`RoundError` on a policy failure and, for a ``whole`` draw, when every episode failed on its env or
+    engine (an outage: the round would train on nothing, unseen) (the module docstring)."""
     failed = [t for t in trajectories if t.error_kind == "policy"]
     if failed:
         t = failed[0]
         raise RoundError(f"rl: {len(failed)} of {len(trajectories)} episodes could not run the policy, e.g. "
                          f"{t.task_id} trial {t.trial}: {t.error}")
-    kept = [t for t in trajectories if t.error_kind != "env"]
+    kept = [t for t in trajectories if t.error_kind not in INFRASTRUCTURE]
+    if whole and trajectories and not kept:
+        t = trajectories[0]
+        raise RoundError(f"rl: all {len(trajectories)} episodes failed on their env or engine, e.g. {t.task_id} "
+                         f"trial {t.trial}: {t.error}")
     return kept, len(trajectories) - len(kept)
 
 
 def make_groups(trajectories: Sequence[Trajectory]) -> tuple[list[Group], int]:
     """Group a round's episodes by task (order kept) after :func:`triage`; returns the groups and how many
-    episodes env failures dropped."""
+    episodes env and engine failures dropped."""
     kept, dropped = triage(trajectories)
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for t in kept:
@@ -96,14 +105,16 @@ def score_groups(groups: Sequence[Group], spa_alpha: float | None, prune_ratio: 
         g.keep = prune_negatives(torch.tensor(binary), n, prune_ratio, generator).tolist()
 
 
-def round_metrics(groups: Sequence[Group], dropped: int) -> dict[str, float]:
-    """``rollout/*``: binary on-policy success before SPA (the paper's Figure 4b), steps, groups with signal."""
+def round_metrics(groups: Sequence[Group], dropped: int, engine_failures: int = 0) -> dict[str, float]:
+    """``rollout/*``: binary on-policy success before SPA (the paper's Figure 4b), steps, groups with signal;
+    ``dropped`` env failures and ``engine_failures`` engine ones."""
     ok = [t for g in groups for t in g.trajectories]
     succ = [t for t in ok if t.success]
     return {
         "rollout/success": len(succ) / len(ok) if ok else 0.0,
         "rollout/episodes": float(len(ok)),
         "rollout/env_failures": float(dropped),
+        "rollout/engine_failures": float(engine_failures),
         "rollout/parse_failures": float(sum(t.error_kind == "parse" for t in ok)),
         "rollout/budget_spent": float(sum(t.error_kind == "budget" for t in ok)),
         "rollout/steps": float(np.mean([t.n_steps for t in ok])) if ok else 0.0,

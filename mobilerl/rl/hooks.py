@@ -49,6 +49,7 @@ class RoundContext:
     fresh: list[tuple[Trajectory, float]] = field(default_factory=list)
     replayed: list[tuple[Trajectory, float]] = field(default_factory=list)
     env_failures: int = 0  # episodes dropped by env failures, every draw of the round
+    engine_failures: int = 0  # episodes dropped by engine failures, every draw of the round
     judged: int = 0  # episodes the reward model scored, every draw of the round
     metrics: dict[str, float] = field(default_factory=dict)  # the hooks' of "tasks drawn" and "groups scored"
     _stats: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)

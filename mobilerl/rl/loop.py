@@ -3,13 +3,15 @@
     weights → rollout side;  FCF draws tasks [hooks: tasks drawn] → n rollouts a task (T = 1, token ids +
     logprobs) → round.collect → [hooks: groups scored, with further draws] → round.learn → checkpoint, curve
 
-:func:`close_round` (checkpoint, timings, curve line, metrics) is the asynchronous loop's too.
+:func:`close_round` (checkpoint, timings, curve line, metrics) and :func:`prune_screens` (the kept screenshots
+of trained rounds) are the asynchronous loop's too.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,6 +63,21 @@ def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve:
     log_metrics({k: v for k, v in m.items() if k != "round"}, int(m["round"]))
 
 
+def prune_screens(screens: Path, trainer: Any, oldest: int) -> None:
+    """Delete the kept screenshots of draws before ``oldest`` (every group of them trained or dropped) but those
+    of the trajectories a replay buffer still holds (AdaPR's, a hook's: their rows are rebuilt when replayed)."""
+    held = {s.screenshot_path for buf in (trainer.buffer, *(getattr(h, "buffer", None) for h in trainer.hooks.hooks))
+            if buf is not None for e in buf.entries for s in e.trajectory.steps if s.screenshot_path}
+    for d in screens.glob("d*"):
+        if not d.name[1:].lstrip("-").isdigit() or int(d.name[1:]) >= oldest:
+            continue
+        files = [f for f in d.rglob("*.png") if str(f) not in held]
+        for f in files:
+            f.unlink()
+        if not any(d.rglob("*.png")):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _episodes(workers: Any, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None,
               version: int) -> list[Trajectory]:
     return workers.run(tasks, n, base_seed, weights, version)[0]
@@ -110,6 +127,8 @@ def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metr
         m = learn(trainer, ctx, pool)
         m |= {"time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/sync_s": sync_s,
               **getattr(workers, "metrics", dict)()}  # envs/<server>/..., sync/...: the rollout side's
+        if getattr(workers, "screens", None) is not None:  # screenshot modes: this round's are trained
+            prune_screens(workers.screens, trainer, r + 1)
         close_round(trainer, work, m, t0, curve, curve_path, log_metrics)
         bar.set_postfix(sr=f"{m['rollout/success']:.3f}", buf=len(trainer.buffer), refresh=False)
     bar.close()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mobilerl.env.base import TaskSpec
-from mobilerl.rl.groups import Group, judge_rewards, make_groups, round_metrics, score_groups
+from mobilerl.rl.groups import Group, judge_rewards, make_groups, round_metrics, score_groups, triage
 from mobilerl.rl.hooks import RoundContext
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -29,14 +29,18 @@ from mobilerl.trajectory import Trajectory
 
 def collect(trainer: Any, ctx: RoundContext, batches: Sequence[Sequence[Trajectory]], judge: Any) -> list[Group]:
     """The rewards and groups of episodes that came in together (one :func:`make_groups` per batch: a task drawn
-    twice is two groups); counts env failures and judged episodes on ``ctx``, adds the groups to ``ctx.groups``."""
+    twice is two groups); counts env and engine failures and judged episodes on ``ctx``, adds the groups to
+    ``ctx.groups``."""
     flat = [t for b in batches for t in b]
+    triage(flat, whole=True)  # the policy's failures and an outage stop the round before anything is judged
     ctx.judged += judge_rewards(flat, judge, trainer.cfg.judge_all) if judge is not None else 0
     groups: list[Group] = []
     for b in batches:
         gs, dropped = make_groups(b)
         groups += gs
-        ctx.env_failures += dropped
+        engine = sum(t.error_kind == "engine" for t in b)
+        ctx.env_failures += dropped - engine
+        ctx.engine_failures += engine
     ctx.groups += groups
     return groups
 
@@ -59,7 +63,7 @@ def learn(trainer: Any, ctx: RoundContext, pool: Sequence[TaskSpec],
     train_s = time.perf_counter() - tt
     trainer.round = r + 1
     counts = trainer.curriculum.counts([t.task_id for t in pool])
-    m = {"round": r, **round_metrics(ctx.groups, ctx.env_failures), **ctx.metrics, **bm, **dm, **um,
+    m = {"round": r, **round_metrics(ctx.groups, ctx.env_failures, ctx.engine_failures), **ctx.metrics, **bm, **dm, **um,
          "buffer/size": float(len(trainer.buffer)), "buffer/age": trainer.buffer.mean_age(r),
          "curriculum/active": float(counts["active"]), "curriculum/cooldown": float(counts["cooldown"]),
          "curriculum/removed": float(counts["removed"]), "reward/judged": float(ctx.judged), "time/train_s": train_s}

@@ -1,6 +1,7 @@
 """The `rl` stage's entry (:func:`run`): the training pool, the trainer from ``rl.init`` (resumed from ``rl.work``
 when it holds a checkpoint of the same config), the rollout side that ``rl`` configures — local rollout workers
-over the in-process simulator, env servers or AndroidWorld's servers, remote engines with weight sync, or the asynchronous workers —
+over the in-process simulator, env servers or AndroidWorld's servers, remote engines with weight sync, or the
+asynchronous workers (local processes, or remote engines: :mod:`mobilerl.rl.async_engines`) —
 then the loop, and the trained policy written to ``rl.out``."""
 
 from __future__ import annotations
@@ -74,11 +75,20 @@ def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec
           log_metrics: LogMetrics, progress: bool, judge: Any) -> list[dict[str, float]]:
     """The loop over the rollout side ``cfg`` configures."""
     if cfg.async_ is not None:  # decoupled rollout and training
+        from mobilerl.env.factory import renders
         from mobilerl.rl.async_loop import train_async
         from mobilerl.rl.async_workers import ProcessWorkers
 
-        with ProcessWorkers(spec, cfg.rollout_processes, cfg.rollout_concurrency) as aworkers:
-            return train_async(trainer, aworkers, pool, work, log_metrics, progress, judge)
+        if cfg.engines:
+            from mobilerl.rl.async_engines import remote_workers
+
+            aworkers: Any = remote_workers(cfg, spec, trainer, work)
+        else:
+            aworkers = ProcessWorkers(spec, cfg.rollout_processes, cfg.rollout_concurrency, cfg.env_servers,
+                                      cfg.env_pool, cfg.async_.reruns,
+                                      work / "screens" if renders(spec.obs_mode) else None)
+        with aworkers as w:
+            return train_async(trainer, w, pool, work, log_metrics, progress, judge)
     if cfg.engines:
         from mobilerl.rl.engine import remote_engines
 
@@ -103,7 +113,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
     work, out = root / cfg.work, root / cfg.out
     fmt = PromptFormat(g.obs_mode, g.prompt_style, g.max_history, g.coords, cfg.reasoning)
     backend = HFBackend.from_pretrained(init, device=cfg.device, fast_prefill=False, prefix_cache_tokens=0)
-    trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt)
+    trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt, backend.prompt_inputs)
     if trainer.dp is not None and trainer.dp.rank != 0:
         trainer.follow()  # the updates, checkpoints and weight gathers rank 0 runs; then rank 0 stops it
         return {}, []

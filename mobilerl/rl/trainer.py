@@ -55,11 +55,13 @@ class Trainer:
     """The policy under training and everything a resumed run must restore (the module docstring)."""
 
     def __init__(self, cfg: RLConfig, model: Any, prompt_ids: Callable[[Any], list[int]], pad_id: int,
-                 fmt: PromptFormat) -> None:
+                 fmt: PromptFormat, prompt_inputs: Callable[[Any], tuple[list[int], dict[str, Any]]] | None = None
+                 ) -> None:
         self.cfg = cfg
         self.settings = s = cfg.settings()
         self.model = model
         self.prompt_ids = prompt_ids
+        self.prompt_inputs = prompt_inputs  # ids and vision inputs of a prompt with a screenshot (screenshot modes)
         self.pad_id = pad_id
         self.fmt = fmt
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if s.kl_coef > 0 else None
@@ -122,7 +124,7 @@ class Trainer:
             self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
         ctx.fresh, ctx.replayed = fresh, replay
         # a fresh trajectory of an older policy version (the asynchronous mode's) is off-policy, like a replay
-        per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on))
+        per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on, self.prompt_inputs))
                     for (t, a), on in [*((x, False) for x in replay),
                                        *((x, x[0].policy_version in (None, str(r))) for x in fresh)]]
         if self.ref is not None:
