@@ -271,6 +271,19 @@ class HFBackend:
         """The prompt's token ids exactly as generation encodes them (what a trainer prepends to a response)."""
         return self._encode([self.render(request)], list(request.images or []))["input_ids"][0].tolist()
 
+    def image_inputs(self, files: Sequence[str]) -> dict[str, Any]:
+        """``pixel_values`` / ``image_grid_thw`` (on CPU) of the screenshot files, as generation's processor call
+        computes them: what a trainer's forward over rebuilt prompts needs beside :meth:`prompt_ids`."""
+        from PIL import Image
+
+        if not hasattr(self.processor, "image_processor"):
+            raise ValueError("this backend's processor has no image processor; the prompts have images")
+        images = []
+        for f in files:
+            with Image.open(f) as im:
+                images.append(im.convert("RGB"))
+        return dict(self.processor.image_processor(images=images, return_tensors="pt"))
+
     def _encode(self, texts: list[str], images: list[Any]) -> dict[str, Any]:
         """Left-padded batch: through the processor when there are images (pixel_values / image_grid_thw),
         else through its tokenizer alone, called as the processor calls it. (The processor validates its

@@ -272,7 +272,8 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
                       "async/episodes_in_flight": float(in_flight), "async/worker_loads": float(len(loads)),
                       "async/worker_load_s": max((x[2] for x in loads), default=0.0),
                       "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/sync_s": time.perf_counter() - ts}
-                close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws)
+                close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws,
+                            open_from=sched.resume_point()["draws"])
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
     finally:
         bar.close()

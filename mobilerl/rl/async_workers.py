@@ -26,6 +26,7 @@ from mobilerl.agent.policy import Policy
 from mobilerl.agent.runner import episode_seed, run_episode
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.pool import EnvFactory, EnvPool
+from mobilerl.rl.rollout import screens_dir
 from mobilerl.trajectory import Trajectory
 
 
@@ -95,11 +96,13 @@ class Published:
 
 
 async def serve(engine: Engine, make_env: EnvFactory, slots: int, jobs: Any, results: Any, published: Published,
-                stop: Any, worker: int = 0, call_timeout: float | None = 120.0) -> None:
+                stop: Any, worker: int = 0, call_timeout: float | None = 120.0, screens: str | None = None) -> None:
     """A rollout worker: ``slots`` episodes at a time through an env pool of ``make_env`` workers, each slot
     taking the next :class:`Job` from ``jobs`` as soon as its episode ends, until ``stop`` is set (episodes in
     flight are then cancelled). Puts ``("episode", draw, trajectory)`` and ``("load", worker, version, seconds)``
-    on ``results``. ``jobs``/``results`` are ``queue.Queue`` s (worker threads) or ``multiprocessing`` queues."""
+    on ``results``. ``jobs``/``results`` are ``queue.Queue`` s (worker threads) or ``multiprocessing`` queues.
+    ``screens``: where the episodes keep their screenshots, one folder a task draw (``d<draw>``; a synchronous
+    round's jobs, draw -1, one folder an episode seed)."""
     loop = asyncio.get_running_loop()
     fetcher = ThreadPoolExecutor(1, thread_name_prefix=f"mobilerl-async-jobs{worker}")
     fetch_lock, load_lock = asyncio.Lock(), asyncio.Lock()
@@ -126,7 +129,9 @@ async def serve(engine: Engine, make_env: EnvFactory, slots: int, jobs: Any, res
     async def slot(pool: EnvPool) -> None:
         while (job := await next_job()) is not None:
             await refresh()
-            traj, _ = await run_episode(pool, engine.policy, job.task, job.trial, job.seed)
+            batch = f"d{job.draw}" if job.draw >= 0 else f"s{job.seed}"
+            traj, _ = await run_episode(pool, engine.policy, job.task, job.trial, job.seed,
+                                        keep_screenshots_dir=screens_dir(screens, batch))
             results.put(("episode", job.draw, traj))
 
     async def stopped() -> None:
@@ -212,7 +217,7 @@ def _process_main(spec: Any, slots: int, jobs: Any, results: Any, published: Pub
     results.cancel_join_thread()  # at shutdown unsent results may be lost; the process must not hang on them
     engine = ModelEngine(rollout._WORKER["policy"])
     asyncio.run(serve(engine, lambda: InlineEnv(make_env("sim", obs_mode=spec.obs_mode)), slots, jobs, results,
-                      published, stop, worker))
+                      published, stop, worker, screens=spec.screens))
 
 
 class ProcessWorkers(Workers):

@@ -36,7 +36,7 @@ from mobilerl.env.base import TaskSpec
 from mobilerl.env.cluster import EnvServers, merge_stats, server_metrics
 from mobilerl.models.generation import ChatRequest, Generation, GenerationError, SamplingConfig
 from mobilerl.models.weight_sync import WeightSync, make_weight_sync
-from mobilerl.rl.rollout import PolicySpec
+from mobilerl.rl.rollout import PolicySpec, screens_dir
 from mobilerl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,8 @@ class RemoteEngines:
 
         try:
             return await evaluate(factory, tasks, n_trials=n, base_seed=base_seed, progress=False, obs_mode=s.obs_mode,
-                                  concurrency=s.concurrency * len(clients), env_servers=self.env_servers)
+                                  concurrency=s.concurrency * len(clients), env_servers=self.env_servers,
+                                  keep_screenshots_dir=screens_dir(s.screens, f"s{base_seed}"))
         finally:
             for c in clients:
                 await c.aclose()

@@ -21,6 +21,7 @@ from mobilerl.env.base import TaskSpec
 from mobilerl.rl.checkpoint import save_state, state_key
 from mobilerl.rl.groups import Group
 from mobilerl.rl.hooks import Hook, RoundContext
+from mobilerl.rl.rollout import SCREENS, prune_screens
 from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -40,10 +41,13 @@ def open_curve(work: Path, start: int) -> tuple[Path, list[dict[str, float]]]:
 
 
 def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve: list[dict[str, float]],
-                curve_path: Path, log_metrics: LogMetrics, before_save: Callable[[], None] | None = None) -> None:
-    """A round's bookkeeping: tokens/s, the resumable checkpoint every ``checkpoint_every`` rounds
-    (``before_save`` first), step and other seconds, the curve line, the metrics."""
+                curve_path: Path, log_metrics: LogMetrics, before_save: Callable[[], None] | None = None,
+                open_from: int | None = None) -> None:
+    """A round's bookkeeping: the kept screenshots no trajectory needs any more deleted (:func:`prune_screens`;
+    ``open_from``: the asynchronous mode's oldest draw still open), tokens/s, the resumable checkpoint every
+    ``checkpoint_every`` rounds (``before_save`` first), step and other seconds, the curve line, the metrics."""
     cfg = trainer.cfg
+    m["screens/pruned"] = float(prune_screens(work / SCREENS, trainer, open_from))
     if m.get("train/tokens") and m["time/train_s"] > 0:
         m["train/tokens_per_s"] = m["train/tokens"] / m["time/train_s"]
     if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
