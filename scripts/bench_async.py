@@ -385,6 +385,7 @@ def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str
     from mobilerl.models.profiles import load_profile
     from mobilerl.rl.async_engines import remote_workers
     from mobilerl.rl.engine import remote_engines
+    from mobilerl.env.factory import renders
     from mobilerl.rl.run import policy_spec
 
     rounds = args.rounds_sync if staleness is None else args.rounds
@@ -401,9 +402,9 @@ def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str
         fmt = PromptFormat(obs_mode, g.prompt_style, g.max_history, g.coords)
         backend = HFBackend.from_pretrained(args.init, device="cpu", fast_prefill=False, prefix_cache_tokens=0)
         trainer = RecordingTrainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt,
-                                   backend.prompt_inputs)
-        spec = dataclasses.replace(policy_spec(cfg, Path(args.init)), obs_mode=obs_mode)
+                                   backend.image_inputs if renders(obs_mode) else None)
         work = Path(tmp)
+        spec = dataclasses.replace(policy_spec(cfg, Path(args.init), work), obs_mode=obs_mode)
         workers: Any = (remote_engines(cfg, spec, trainer, work) if staleness is None
                         else remote_workers(cfg, spec, trainer, work))
         busy0, t0 = engine_busy(engines), time.perf_counter()

@@ -119,8 +119,9 @@ def setup(profile: str, obs_mode: str | None, engines: list[str], envs: list[str
     g = p.generation
     backend = HFBackend.from_pretrained(init, device="cpu", fast_prefill=False, prefix_cache_tokens=0)
     trainer = RecordingTrainer(config, backend.model, backend.prompt_ids, backend.pad_id,
-                               PromptFormat(mode, g.prompt_style, g.max_history, g.coords), backend.prompt_inputs)
-    spec = dataclasses.replace(policy_spec(config, init), obs_mode=mode)
+                               PromptFormat(mode, g.prompt_style, g.max_history, g.coords),
+                               backend.image_inputs if renders(mode) else None)
+    spec = dataclasses.replace(policy_spec(config, init, work), obs_mode=mode)
     return config, trainer, remote_workers(config, spec, trainer, work)
 
 

@@ -35,7 +35,8 @@ class ACEpisode:
     """One AndroidControl episode: goal, per-step instructions, per-step screens (compressed XML) and GT.
 
     ``observations[i]``, ``step_instructions[i]`` and ``actions[i]`` describe step ``i``; the lists must
-    have the same length.
+    have the same length. ``screenshots[i]``, when given, is step ``i``'s screenshot (PNG bytes: a policy that
+    reads the screen is shown it; kept encoded, 30-60 kB a screen instead of 8 MB decoded).
     """
 
     episode_id: str
@@ -45,6 +46,7 @@ class ACEpisode:
     actions: list[GTStep]
     width: int = 1080
     height: int = 2400
+    screenshots: list[bytes | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.actions)
@@ -53,6 +55,20 @@ class ACEpisode:
                 f"episode {self.episode_id!r}: {n} actions, {len(self.observations)} observations and "
                 f"{len(self.step_instructions)} step instructions; they must match"
             )
+        if self.screenshots is not None and len(self.screenshots) != n:
+            raise ValueError(f"episode {self.episode_id!r}: {n} actions but {len(self.screenshots)} screenshots")
+
+    def screenshot(self, i: int) -> Any:
+        """Step ``i``'s screenshot as an image (None when the episode has none)."""
+        png = self.screenshots[i] if self.screenshots is not None else None
+        if png is None:
+            return None
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(png)) as im:
+            return im.convert("RGB")
 
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
@@ -178,11 +194,15 @@ class ACResult:
 
 def from_trajectory(traj: Any) -> ACEpisode:
     """One of our trajectories (:class:`~mobilerl.trajectory.Trajectory`, e.g. an expert rollout) as offline
-    step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal.
+    step data: each valid step's compressed screen and action (pixels), the task's instruction as the goal, and
+    the screenshots the rollout kept (``screenshot_path``; none kept: none shown).
     A step's low-level instruction is the recorded one, else one derived from its action and screen
     (:func:`mobilerl.data.step_instructions.step_instruction`, as the SFT data derives it), else the goal."""
+    from pathlib import Path
+
     steps = list(framed_steps(traj))  # the valid steps, as the SFT data takes them
     size = traj.meta.get("screen_size") or (1080, 2400)
+    kept = any(s.screenshot_path for s, _, _ in steps)
     return ACEpisode(
         episode_id=f"{traj.task_id}#{traj.trial}",
         goal=traj.instruction,
@@ -192,6 +212,8 @@ def from_trajectory(traj: Any) -> ACEpisode:
         actions=[GTStep(action) for _, _, action in steps],
         width=int(size[0]),
         height=int(size[1]),
+        screenshots=[Path(s.screenshot_path).read_bytes() if s.screenshot_path else None for s, _, _ in steps]
+        if kept else None,
     )
 
 
@@ -217,7 +239,7 @@ async def _run_episode(policy: Policy, ep: ACEpisode, mode: str, frame: str = "a
     history: list[str] = []
     goal_task = _task(ep, ep.goal, None)
     for i, (gt, xml_c) in enumerate(zip(ep.actions, ep.observations, strict=True)):
-        obs = Observation(xml="", app="", width=ep.width, height=ep.height, step=i)
+        obs = Observation(xml="", app="", width=ep.width, height=ep.height, screenshot=ep.screenshot(i), step=i)
         if mode == "low":
             ctx = PolicyContext(
                 _task(ep, ep.step_instructions[i], i), obs, xml_c, (), 0, f"{ep.episode_id}/{i}"

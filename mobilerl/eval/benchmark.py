@@ -45,8 +45,9 @@ def evaluate_policies(cfg: EvaluateConfig, out_dir: Path) -> tuple[dict, dict, d
     tasks_by_suite = {suite: suite_tasks(suite, cfg) for suite in cfg.suites}
     summary: dict[str, dict] = {}
     offline: dict[str, dict] = {}
-    episodes = (offline_episodes(cfg) if cfg.offline_per_template and any(n in cfg.checkpoints for n in cfg.policies)
-                else [])
+    stepwise = offline_style(cfg)
+    episodes = (offline_episodes(cfg) if cfg.offline_per_template and stepwise
+                and any(n in cfg.checkpoints for n in cfg.policies) else [])
     for name in cfg.policies:
         factory, concurrency = make_policy_factory(name, cfg)
         for suite, tasks in tasks_by_suite.items():
@@ -55,6 +56,9 @@ def evaluate_policies(cfg: EvaluateConfig, out_dir: Path) -> tuple[dict, dict, d
                 out_dir / f"{name}__{suite}.jsonl")
         if (name in cfg.checkpoints or name == "random") and episodes:  # the same policy, step by step
             offline[name] = evaluate_offline(name, factory(cfg.seed), episodes, cfg)
+    if not stepwise:
+        print(f"evaluate: no offline step evaluation for profile {cfg.profile}: its prompt style (mobilerl) builds "
+              "its observation tree from the raw UI dump, which offline step data does not hold")
     sampled = pass_k_study(cfg, tasks_by_suite, out_dir)
     return summary, offline, sampled
 
@@ -66,6 +70,14 @@ def suite_tasks(suite: str, cfg: EvaluateConfig) -> list[TaskSpec]:
         assert cfg.androidworld is not None
         return androidworld_tasks(cfg.androidworld, cfg.split, cfg.max_per_template)
     return load_tasks(suite, cfg.split, cfg.max_per_template)
+
+
+def offline_style(cfg: EvaluateConfig) -> bool:
+    """Whether the checkpoints' prompt can be built from offline step data (the compressed screen): not the
+    official MobileRL style's, whose observation tree is built from the raw UI dump."""
+    from mobilerl.models.profiles import load_profile
+
+    return load_profile(cfg.profile).generation.prompt_style != "mobilerl"
 
 
 def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks: list[TaskSpec], cfg: EvaluateConfig,

@@ -20,14 +20,23 @@ from mobilerl.tasks import load_tasks, spread
 
 
 def offline_episodes(cfg: EvaluateConfig) -> list[ACEpisode]:
-    """Expert rollouts of the offline tasks as AndroidControl-style step data (XML only, seeded)."""
+    """Expert rollouts of the offline tasks as AndroidControl-style step data (seeded), with their screenshots
+    when the checkpoints' profile reads the screen."""
+    import tempfile
+
+    from mobilerl.env.factory import renders
+    from mobilerl.models.profiles import load_profile
+
+    mode = load_profile(cfg.profile).generation.obs_mode
     tasks = spread(load_tasks(cfg.offline_suite, cfg.split, cfg.offline_per_template), cfg.model_max_tasks)
-    trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, concurrency=cfg.concurrency, perturb=cfg.perturb,
-                          base_seed=cfg.seed, progress=False)
-    bad = [t.task_id for t in trajs if not t.success]
-    if bad:
-        raise RuntimeError(f"evaluate: the expert failed offline tasks {bad[:5]} (of {len(bad)})")
-    return [from_trajectory(t) for t in trajs]
+    with tempfile.TemporaryDirectory(prefix="mobilerl-offline-") as shots:
+        trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, concurrency=cfg.concurrency, perturb=cfg.perturb,
+                              obs_mode=mode, base_seed=cfg.seed, progress=False,
+                              keep_screenshots_dir=shots if renders(mode) else None)
+        bad = [t.task_id for t in trajs if not t.success]
+        if bad:
+            raise RuntimeError(f"evaluate: the expert failed offline tasks {bad[:5]} (of {len(bad)})")
+        return [from_trajectory(t) for t in trajs]  # the screenshots read while their folder exists
 
 
 def evaluate_offline(name: str, policy: Any, episodes: list[ACEpisode], cfg: EvaluateConfig) -> dict[str, Any]:

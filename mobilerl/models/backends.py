@@ -61,7 +61,9 @@ def profile_spec(profile: Any) -> dict[str, Any]:
         if not g.base_url:
             raise ValueError(f"profile {profile.name}: generation.base_url is required for kind 'openai'")
         return {"kind": "openai", "base_url": g.base_url}
-    spec: dict[str, Any] = {"kind": g.kind, "model": str(profile.weights_path), "dtype": profile.inference_dtype,
+    from mobilerl.models.random_init import ensure_weights
+
+    spec: dict[str, Any] = {"kind": g.kind, "model": str(ensure_weights(profile)), "dtype": profile.inference_dtype,
                             "max_batch": g.max_batch}
     if g.kind == "hf":
         spec.update(g.hf.model_dump(exclude_unset=True))

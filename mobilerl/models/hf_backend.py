@@ -271,15 +271,18 @@ class HFBackend:
         """The prompt's token ids exactly as generation encodes them (what a trainer prepends to a response)."""
         return self._encode([self.render(request)], list(request.images or []))["input_ids"][0].tolist()
 
-    def prompt_inputs(self, request: ChatRequest) -> tuple[list[int], dict[str, Any]]:
-        """:meth:`prompt_ids` and, for a request with images, the multimodal inputs as generation encodes them,
-        on the CPU: what a trainer needs to run the same forward (``pixel_values``, ``image_grid_thw``, and the
-        per-token ``mm_token_type_ids`` as a 1-D tensor of the prompt's length)."""
-        enc = self._encode([self.render(request)], list(request.images or []))
-        ids = enc["input_ids"]
-        extra = {k: (v[0] if v.shape == ids.shape else v).cpu() for k, v in enc.items()
-                 if k not in ("input_ids", "attention_mask")} if "pixel_values" in enc else {}
-        return ids[0].tolist(), extra
+    def image_inputs(self, files: Sequence[str]) -> dict[str, Any]:
+        """``pixel_values`` / ``image_grid_thw`` (on CPU) of the screenshot files, as generation's processor call
+        computes them: what a trainer's forward over rebuilt prompts needs beside :meth:`prompt_ids`."""
+        from PIL import Image
+
+        if not hasattr(self.processor, "image_processor"):
+            raise ValueError("this backend's processor has no image processor; the prompts have images")
+        images = []
+        for f in files:
+            with Image.open(f) as im:
+                images.append(im.convert("RGB"))
+        return dict(self.processor.image_processor(images=images, return_tensors="pt"))
 
     def _encode(self, texts: list[str], images: list[Any]) -> dict[str, Any]:
         """Left-padded batch: through the processor when there are images (pixel_values / image_grid_thw),

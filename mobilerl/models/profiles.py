@@ -1,8 +1,10 @@
 """Model profiles (``configs/models/<name>.yaml``): weights, template, image limits, SFT and RL settings.
 
 ``tiny`` is the embedded default (CPU, the committed pretrained base); ``qwen2_5_vl_7b`` and
-``glm4_1v_9b`` are the paper's bases with its §B.1 / Table 4 hyperparameters. Profiles validate on load:
-an unknown or ill-typed key is an error naming ``<file>: <key>``. Weights are local directories only.
+``glm4_1v_9b`` are the paper's bases with its §B.1 / Table 4 hyperparameters; ``vl_smoke`` is the 7B's shape
+(class, template, screenshots, prompt frame) at a tiny random size, its weights built from its ``random_init:``
+section on first use (:mod:`mobilerl.models.random_init`). Profiles validate on load: an unknown or ill-typed
+key is an error naming ``<file>: <key>``. Weights are local directories only.
 """
 
 from __future__ import annotations
@@ -101,9 +103,42 @@ class GenerationSettings(_Strict):
         return self
 
 
+class RandomInit(_Strict):
+    """Weights built from a config instead of downloaded: a randomly initialised model of ``architecture``
+    around the project tokenizer, deterministic in ``seed`` (:mod:`mobilerl.models.random_init`)."""
+
+    architecture: Literal["Qwen2_5_VLForConditionalGeneration"] = Field(
+        description="transformers model class (the large profile whose shape this one has).")
+    tokenizer: str = Field("models/tiny-base", description="Directory of the project tokenizer (repo-relative).")
+    seed: int = Field(0, description="Torch seed of the initialisation.")
+    hidden_size: int = Field(64, ge=8, description="Decoder width.")
+    num_hidden_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(4, ge=1, description="Decoder attention heads.")
+    num_key_value_heads: int = Field(2, ge=1, description="Decoder key/value heads (grouped-query attention).")
+    intermediate_size: int = Field(128, ge=8, description="Decoder MLP width.")
+    max_position_embeddings: int = Field(8192, ge=64, description="Longest sequence (positions).")
+    vision_depth: int = Field(1, ge=1, description="Vision transformer blocks.")
+    vision_hidden_size: int = Field(32, ge=8, description="Vision transformer width.")
+    vision_intermediate_size: int = Field(64, ge=8, description="Vision MLP width.")
+    vision_heads: int = Field(1, ge=1, description="Vision attention heads.")
+
+    @model_validator(mode="after")
+    def _heads(self) -> RandomInit:
+        if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 8:
+            raise ValueError("hidden_size / num_attention_heads must be a whole multiple of 8 (M-RoPE sections)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.vision_hidden_size % self.vision_heads:
+            raise ValueError("vision_hidden_size must be a multiple of vision_heads")
+        return self
+
+
 class ModelProfile(_Strict):
     name: str
-    weights: str = Field(description="Local weight directory (absolute, or relative to the repo).")
+    weights: str = Field(description="Local weight directory (absolute, or relative to the repo); with "
+                                      "random_init, where the built weights are cached.")
+    random_init: RandomInit | None = Field(
+        None, description="Build the weights from this config on first use (no download); null: they exist.")
     template: str = Field(description="LLaMA-Factory template name.")
     image_max_pixels: int = Field(ge=1, description="Max pixels per image.")
     image_min_pixels: int = Field(ge=1, description="Min pixels per image.")

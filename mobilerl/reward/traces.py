@@ -181,6 +181,8 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
     from mobilerl.data.collect import collect_sync
     from mobilerl.data.masking import MaskingOptions
     from mobilerl.data.store import iter_store
+    from mobilerl.env.factory import renders
+    from mobilerl.models.profiles import load_profile
 
     masking = MaskingOptions(mode=cfg.mask_mode, image_max_side=cfg.image_max_side, seed=cfg.seed)
     tasks = {"train": spread(load_tasks("lab", "train", cfg.train_per_template, tasks_root), cfg.max_tasks),
@@ -194,11 +196,15 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
     rows: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     per_store: dict[str, dict[str, Any]] = {}
     stores: list[Path] = []
+    # a checkpoint of a screenshot profile sees the screen on every task (its traces keep them, masked)
+    sees = cfg.checkpoints and renders(load_profile(cfg.profile).generation.obs_mode)
     for name, (factory, concurrency, cap) in policies(cfg, root).items():
         for split in SPLITS:
             store = f"{name}_{split}"
+            render = (frozenset(t.task_id for t in tasks[split]) if sees and name in cfg.checkpoints
+                      else shots[split])
             res = collect_sync(factory, spread(tasks[split], cap), out / "stores" / store, masking=masking,
-                               concurrency=concurrency, env_factory=functools.partial(LabelEnv, shots[split],
+                               concurrency=concurrency, env_factory=functools.partial(LabelEnv, render,
                                                                                       cfg.perturb),
                                base_seed=cfg.seed, mask_workers=cfg.mask_workers, progress=False, source=name,
                                keep_secrets=False)

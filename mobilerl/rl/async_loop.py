@@ -48,7 +48,7 @@ from mobilerl.agent.runner import episode_seed
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.async_workers import Job, Workers
 from mobilerl.rl.hooks import RoundContext
-from mobilerl.rl.loop import LogMetrics, close_round, open_curve, prune_screens
+from mobilerl.rl.loop import LogMetrics, close_round, open_curve
 from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -228,7 +228,6 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
     if cfg.tis_cap is None:
         log.warning("rl.async without rl.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
     max_staleness = cfg.async_.max_staleness
-    screens = workers.screens  # where the workers keep screenshots (screenshot observation modes)
     curve_path, curve = open_curve(work, trainer.round)
     draws_path = work / "async.json"
     point = json.loads(draws_path.read_text()) if trainer.round and draws_path.exists() else {"draws": 0}
@@ -286,9 +285,8 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
                       "async/worker_load_s": max((x[2] for x in loads), default=0.0), "async/reruns": float(reruns),
                       "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/sync_s": time.perf_counter() - ts,
                       **workers.metrics()}  # engines/<engine>/..., envs/<server>/..., sync/...: the rollout side's
-                if screens is not None:
-                    prune_screens(screens, trainer, sched.resume_point()["draws"])
-                close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws)
+                close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws,
+                            open_from=sched.resume_point()["draws"])
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
     finally:
         bar.close()

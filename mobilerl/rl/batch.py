@@ -2,15 +2,12 @@
 
 A row is one model turn: the prompt the policy saw at that step (rebuilt from the stored step exactly as
 :meth:`~mobilerl.agent.model_policy.ModelPolicy.request` built it: task, every previous response, the step's
-compressed screen), the sampled token ids and their behaviour logprobs (stored by the rollout), and the
-trajectory's advantage. Logprobs are recomputed with :func:`mobilerl.models.logprobs.token_logprobs` on a
-right-padded batch, so the ratio π_θ/π_behaviour starts at 1 on-policy (checked by a test to 1e-4).
-
-Screenshot observation modes: the step's screenshot is read back from the file the rollout kept
-(``StepRecord.screenshot_path``), and the row carries the vision tower's inputs as generation encoded them
-(``prompt_inputs``: ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``), so the forward sees what the
-engine saw; the model then derives its M-RoPE positions from the image grid. (The pixel tensors of a round's rows are held until its update:
-about 12 MB a step at 500,000 pixels.)
+compressed screen and, in the screenshot modes, its screenshot, which the rollout kept as a file), the sampled
+token ids and their behaviour logprobs (stored by the rollout), and the trajectory's advantage. Logprobs are
+recomputed with :func:`mobilerl.models.logprobs.token_logprobs` on a right-padded batch, so the ratio
+π_θ/π_behaviour starts at 1 on-policy (checked by a test to 1e-4). A row's screenshots are read again when its
+micro-batch is collated (the ``vision`` encoder: the backend's image processor), never held by the rows: at the
+large profiles' resolution a screenshot's pixel values are ~100 MB.
 """
 
 from __future__ import annotations
@@ -47,22 +44,28 @@ class Row:
     advantage: float
     on_policy: bool = True  # False for an AdaPR replay (sampled by an older policy)
     ref_logprobs: list[float] | None = None  # under the frozen reference policy, once computed
-    vision: dict[str, torch.Tensor] | None = None  # the prompt's pixel_values / image_grid_thw (screenshot modes)
-    images: tuple[str, ...] = ()  # the screenshot files the prompt shows (two prompts' image tokens look alike)
+    images: tuple[str, ...] = ()  # the prompt's screenshot files, in prompt order (screenshot modes)
 
 
-def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
-    """The chat request of every step of ``traj``, with the step's kept screenshot in screenshot modes."""
+Vision = Callable[[Sequence[str]], dict[str, torch.Tensor]]  # image files -> pixel_values, image_grid_thw
+
+
+def load_image(path: str) -> Any:
+    """A kept screenshot as the policy saw it (RGB; PNG is lossless, so the pixels are the env's)."""
     from PIL import Image
 
-    from mobilerl.env.factory import renders
+    with Image.open(path) as im:
+        return im.convert("RGB")
 
-    shots = renders(fmt.obs_mode)
-    missing = [s.index for s in traj.steps if shots and not s.screenshot_path]
-    if missing:
-        raise ValueError(f"RL rebuilds prompts from stored steps; obs_mode {fmt.obs_mode!r} needs their screenshots, "
-                         f"and {traj.episode_id} step {missing[0]} kept none (the rollout's keep_screenshots_dir)")
+
+def step_requests(traj: Trajectory, fmt: PromptFormat, images: bool = True) -> list[ChatRequest]:
+    """The chat request of every step of ``traj``; in the screenshot modes with the step's kept screenshot
+    (``images=False``: the placeholder only, the files named by :func:`step_images`)."""
+    if fmt.prompt_style == "mobilerl":
+        raise ValueError("RL rebuilds prompts in the full / compact styles; prompt_style mobilerl (the official "
+                         "harness' chat, for evaluating its released checkpoints) is not one RL trains")
     size = traj.meta.get("screen_size") or (1080, 2400)
+    shots = step_images(traj, fmt)
     out = []
     for t, step in enumerate(traj.steps):
         history = [s.response for s in traj.steps[:t]]
@@ -70,34 +73,34 @@ def step_requests(traj: Trajectory, fmt: PromptFormat) -> list[ChatRequest]:
             traj.instruction, history, prompt.screen_in_frame(step.xml_compressed, size, fmt.coords), app=step.app,
             mode=fmt.obs_mode, reasoning=fmt.reasoning, max_history=fmt.max_history, style=fmt.prompt_style,
             coords=fmt.coords)
-        images = None
-        if shots:
-            with Image.open(step.screenshot_path) as im:
-                images = [im.convert("RGB")]
-        out.append(ChatRequest(messages, images))
+        out.append(ChatRequest(messages, [load_image(p) for p in shots[t]] if shots[t] and images else None))
     return out
 
 
+def step_images(traj: Trajectory, fmt: PromptFormat) -> list[tuple[str, ...]]:
+    """Each step's screenshot files (empty in the XML mode); ``ValueError`` when a screenshot mode's step kept
+    none (the rollout must keep them: :class:`~mobilerl.rl.rollout.PolicySpec` ``screens``)."""
+    if fmt.obs_mode == "xml":
+        return [() for _ in traj.steps]
+    missing = [s.index for s in traj.steps if not s.screenshot_path]
+    if missing:
+        raise ValueError(f"{traj.episode_id}: obs_mode {fmt.obs_mode!r} shows screenshots, but steps {missing[:5]} "
+                         "kept none; RL needs the rollouts' screenshots to rebuild their prompts")
+    return [(str(s.screenshot_path),) for s in traj.steps]
+
+
 def trajectory_rows(traj: Trajectory, advantage: float, fmt: PromptFormat,
-                    prompt_ids: Callable[[ChatRequest], list[int]], on_policy: bool = True,
-                    prompt_inputs: Callable[[ChatRequest], tuple[list[int], dict[str, Any]]] | None = None
-                    ) -> list[Row]:
+                    prompt_ids: Callable[[ChatRequest], list[int]], on_policy: bool = True) -> list[Row]:
     """One row per step that carries its sampled token ids and logprobs (invalid answers included: their
     tokens were the policy's action too); reference logprobs from ``traj.meta["ref_logprobs"]`` when a
-    previous round stored them there (a replayed trajectory's are fixed: the reference policy is frozen).
-    A prompt with a screenshot is encoded by ``prompt_inputs`` (ids and vision inputs)."""
+    previous round stored them there (a replayed trajectory's are fixed: the reference policy is frozen)."""
     rows = []
-    for step, req in zip(traj.steps, step_requests(traj, fmt), strict=True):
+    shots = step_images(traj, fmt)
+    for step, req, files in zip(traj.steps, step_requests(traj, fmt), shots, strict=True):
         if not step.token_ids or step.logprobs is None:
             continue
-        if req.images:
-            if prompt_inputs is None:
-                raise ValueError(f"obs_mode {fmt.obs_mode!r}: the trainer needs prompt_inputs to encode screenshots")
-            ids, vision = prompt_inputs(req)
-            rows.append(Row(ids, list(step.token_ids), list(step.logprobs), float(advantage), on_policy,
-                            vision=vision, images=(str(step.screenshot_path),)))
-            continue
-        rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage), on_policy))
+        rows.append(Row(prompt_ids(req), list(step.token_ids), list(step.logprobs), float(advantage), on_policy,
+                        images=files))
     cached = traj.meta.get("ref_logprobs")
     if cached is not None and len(cached) == len(rows):
         for row, ref in zip(rows, cached, strict=True):
@@ -109,9 +112,9 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
     """Rows grouped (longest first) so that a batch's padded forward stays within ``max_tokens``. Rows with the
     same prompt and response ids (a confident policy repeats itself; replays repeat earlier rounds) share one
     forward, so they go into the same batch and count once."""
-    same: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]], list[Row]] = {}
+    same: dict[tuple[Any, ...], list[Row]] = {}
     for r in rows:
-        same.setdefault(_key(r), []).append(r)
+        same.setdefault(row_key(r), []).append(r)
     batches: list[list[list[Row]]] = []
     for group in sorted(same.values(), key=lambda g: -_width(g[0])):
         # longest first: a batch's first sequence sets its padded width
@@ -122,22 +125,26 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
     return [[r for group in b for r in group] for b in batches]
 
 
-def _key(r: Row) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+def row_key(r: Row) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+    """What makes two rows one forward: the same ids and the same screenshots."""
     return tuple(r.prompt_ids), tuple(r.response_ids), r.images
+
 
 
 def _width(r: Row) -> int:
     return len(r.prompt_ids) + len(r.response_ids)
 
 
-def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str | None = None,
+            vision: Vision | None = None) -> dict[str, torch.Tensor]:
     """The forward over the U distinct sequences of ``rows``: right-padded ``input_ids``/``attention_mask``
-    (U, L), ``positions`` (U, R) of the tokens that predict each response token, ``response_ids`` (U, R). Per
-    row: ``seq`` (B,) the index of its sequence, ``behaviour_logprobs`` and ``response_mask`` (B, R),
-    ``advantages`` and ``on_policy`` (B,), and ``ref_logprobs`` (B, R) when every row has them; on ``device``
-    (the model's) when given."""
-    index: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]], int] = {}
-    seq = [index.setdefault(_key(r), len(index)) for r in rows]
+    (U, L), ``positions`` (U, R) of the tokens that predict each response token, ``response_ids`` (U, R), and
+    when the rows show screenshots ``pixel_values`` / ``image_grid_thw`` of the sequences' images in order (from
+    ``vision``). Per row: ``seq`` (B,) the index of its sequence, ``behaviour_logprobs`` and ``response_mask``
+    (B, R), ``advantages`` and ``on_policy`` (B,), and ``ref_logprobs`` (B, R) when every row has them; on
+    ``device`` (the model's) when given."""
+    index: dict[tuple[Any, ...], int] = {}
+    seq = [index.setdefault(row_key(r), len(index)) for r in rows]
     uniq = {i: r for r, i in zip(rows, seq, strict=True)}
     uniq_rows = [uniq[i] for i in range(len(index))]
     width = max(_width(r) for r in uniq_rows)
@@ -169,25 +176,23 @@ def collate(rows: Sequence[Row], pad_id: int, device: torch.device | str | None 
            "on_policy": torch.tensor([r.on_policy for r in rows])}
     if all(r.ref_logprobs is not None for r in rows):
         out["ref_logprobs"] = ref  # (B, R)
-    seen = [r.vision for r in uniq_rows if r.vision]
-    for k, v0 in (seen[0] if seen else {}).items():
-        if v0.dim() == 1:  # per prompt token (mm_token_type_ids): zero over padding and responses (text)
-            out[k] = torch.zeros((u, width), dtype=v0.dtype)
-            for i, r in enumerate(uniq_rows):
-                if r.vision:
-                    out[k][i, : len(r.prompt_ids)] = r.vision[k]
-        else:  # the sequences' images in order, as the model fills its image tokens
-            out[k] = torch.cat([v[k] for v in seen])
+    files = [f for r in uniq_rows for f in r.images]
+    if files:
+        if vision is None:
+            raise ValueError("the rows show screenshots, but no vision encoder was given to collate them")
+        out.update(vision(files))
     return out if device is None else {k: v.to(device) for k, v in out.items()}
 
 
 def response_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Logits (U, R, V) at the positions that predict each response token: the decoder's hidden states there
-    through the LM head only (the prompt's other positions need no vocabulary projection)."""
+    through the LM head only (the prompt's other positions need no vocabulary projection). With screenshots the
+    model places the image tokens and derives the M-RoPE positions from the image grid, as in generation."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    if "pixel_values" in batch:  # the model derives the M-RoPE positions of image and text from the image grid
-        vision = {k: v for k, v in batch.items() if k.startswith(("pixel", "mm_")) or k.endswith("_grid_thw")}
-        hidden = model.model(input_ids=ids, attention_mask=mask, **vision).last_hidden_state
+    if "pixel_values" in batch:
+        kinds = (ids == model.config.image_token_id).int()  # mm_token_type_ids: 1 on image tokens, 0 on text
+        hidden = model.model(input_ids=ids, attention_mask=mask, pixel_values=batch["pixel_values"],
+                             image_grid_thw=batch["image_grid_thw"], mm_token_type_ids=kinds).last_hidden_state
     else:
         position_ids = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
         hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
@@ -226,7 +231,7 @@ def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float
 
 @torch.no_grad()
 def rows_policy_stats(model: Any, rows: Sequence[Row], pad_id: int, temperature: float,
-                      max_tokens: int) -> tuple[list[list[float]], list[list[float]]]:
+                      max_tokens: int, vision: Vision | None = None) -> tuple[list[list[float]], list[list[float]]]:
     """Each row's token logprobs and token entropies under ``model`` (no gradient), in ``rows`` order: what
     DART's entropy selection and DistRL's Retrace traces and priorities read before the update."""
     where = {id(r): i for i, r in enumerate(rows)}
@@ -234,7 +239,7 @@ def rows_policy_stats(model: Any, rows: Sequence[Row], pad_id: int, temperature:
     ents: list[list[float]] = [[] for _ in rows]
     device = next(model.parameters()).device
     for mb in micro_batches(rows, max_tokens):
-        lp, ent = rows_logprobs(model, collate(mb, pad_id, device), temperature, entropy=True)
+        lp, ent = rows_logprobs(model, collate(mb, pad_id, device, vision), temperature, entropy=True)
         for r, a, e in zip(mb, lp.tolist(), ent.tolist(), strict=True):
             k = len(r.response_ids)
             logps[where[id(r)]], ents[where[id(r)]] = a[:k], e[:k]

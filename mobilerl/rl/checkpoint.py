@@ -99,6 +99,10 @@ def resume_or_start(trainer: Any, work: Path) -> bool:
 
 
 def remove_state(work: Path) -> None:
-    """The resume state is gone once the run has written its policy (it can no longer be resumed)."""
+    """The resume state is gone once the run has written its policy (it can no longer be resumed), with the
+    screenshots its trajectories kept."""
+    import shutil
+
     for name in (STATE, RECORDS, "policy.safetensors"):
         (work / name).unlink(missing_ok=True)
+    shutil.rmtree(work / "screens", ignore_errors=True)  # = mobilerl.rl.rollout.SCREENS

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from mobilerl.config import ROOT
-from mobilerl.rl.batch import ResponseLogits, Row, micro_batches
+from mobilerl.rl.batch import ResponseLogits, Row, micro_batches, row_key
 from mobilerl.rl.dp_state import WorldSizeFreeState, cpu_tree
 
 # the other ranks wait in one broadcast through a whole rollout phase; the default 10-30 min would end the run
@@ -77,9 +77,9 @@ def shard_rows(rows: Sequence[Row], world: int) -> list[list[Row]]:
     """``rows`` split over ``world`` ranks: each group of identical sequences (one forward) goes, longest first, to
     the rank with the fewest forward tokens so far (ties: the lower rank); a shard keeps the rows' order. The same
     rows give the same shards on every rank."""
-    groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
     for i, r in enumerate(rows):
-        groups.setdefault((tuple(r.prompt_ids), tuple(r.response_ids)), []).append(i)
+        groups.setdefault(row_key(r), []).append(i)
     load = [0] * world
     owner = [0] * len(rows)
     width = [len(r.prompt_ids) + len(r.response_ids) for r in rows]

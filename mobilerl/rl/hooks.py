@@ -64,7 +64,8 @@ class RoundContext:
         todo = [row for row in rows if id(row) not in self._stats]
         if todo:
             t, s = self.trainer, self.trainer.settings
-            lp, ent = rows_policy_stats(t.model, todo, t.pad_id, s.temperature, t.cfg.micro_batch_tokens)
+            lp, ent = rows_policy_stats(t.model, todo, t.pad_id, s.temperature, t.cfg.micro_batch_tokens,
+                                         t.vision)
             self._stats.update({id(row): (a, e) for row, a, e in zip(todo, lp, ent, strict=True)})
         return [self._stats[id(row)] for row in rows]
 

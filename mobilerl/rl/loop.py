@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from mobilerl.env.base import TaskSpec
 from mobilerl.rl.checkpoint import save_state, state_key
 from mobilerl.rl.groups import Group
 from mobilerl.rl.hooks import Hook, RoundContext
+from mobilerl.rl.rollout import SCREENS, prune_screens
 from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -42,10 +42,13 @@ def open_curve(work: Path, start: int) -> tuple[Path, list[dict[str, float]]]:
 
 
 def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve: list[dict[str, float]],
-                curve_path: Path, log_metrics: LogMetrics, before_save: Callable[[], None] | None = None) -> None:
-    """A round's bookkeeping: tokens/s, the resumable checkpoint every ``checkpoint_every`` rounds
-    (``before_save`` first), step and other seconds, the curve line, the metrics."""
+                curve_path: Path, log_metrics: LogMetrics, before_save: Callable[[], None] | None = None,
+                open_from: int | None = None) -> None:
+    """A round's bookkeeping: the kept screenshots no trajectory needs any more deleted (:func:`prune_screens`;
+    ``open_from``: the asynchronous mode's oldest draw still open), tokens/s, the resumable checkpoint every
+    ``checkpoint_every`` rounds (``before_save`` first), step and other seconds, the curve line, the metrics."""
     cfg = trainer.cfg
+    m["screens/pruned"] = float(prune_screens(work / SCREENS, trainer, open_from))
     if m.get("train/tokens") and m["time/train_s"] > 0:
         m["train/tokens_per_s"] = m["train/tokens"] / m["time/train_s"]
     if trainer.round % cfg.checkpoint_every == 0 or trainer.round == cfg.rounds:
@@ -61,21 +64,6 @@ def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve:
     with curve_path.open("a") as f:
         f.write(json.dumps(m) + "\n")
     log_metrics({k: v for k, v in m.items() if k != "round"}, int(m["round"]))
-
-
-def prune_screens(screens: Path, trainer: Any, oldest: int) -> None:
-    """Delete the kept screenshots of draws before ``oldest`` (every group of them trained or dropped) but those
-    of the trajectories a replay buffer still holds (AdaPR's, a hook's: their rows are rebuilt when replayed)."""
-    held = {s.screenshot_path for buf in (trainer.buffer, *(getattr(h, "buffer", None) for h in trainer.hooks.hooks))
-            if buf is not None for e in buf.entries for s in e.trajectory.steps if s.screenshot_path}
-    for d in screens.glob("d*"):
-        if not d.name[1:].lstrip("-").isdigit() or int(d.name[1:]) >= oldest:
-            continue
-        files = [f for f in d.rglob("*.png") if str(f) not in held]
-        for f in files:
-            f.unlink()
-        if not any(d.rglob("*.png")):
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def _episodes(workers: Any, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None,
@@ -127,8 +115,6 @@ def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metr
         m = learn(trainer, ctx, pool)
         m |= {"time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/sync_s": sync_s,
               **getattr(workers, "metrics", dict)()}  # envs/<server>/..., sync/...: the rollout side's
-        if getattr(workers, "screens", None) is not None:  # screenshot modes: this round's are trained
-            prune_screens(workers.screens, trainer, r + 1)
         close_round(trainer, work, m, t0, curve, curve_path, log_metrics)
         bar.set_postfix(sr=f"{m['rollout/success']:.3f}", buf=len(trainer.buffer), refresh=False)
     bar.close()

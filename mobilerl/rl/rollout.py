@@ -38,8 +38,11 @@ class PolicySpec:
     max_new_tokens: int
     threads: int = 1
     concurrency: int = 64
+    screens: str | None = None  # where episodes keep each step's screenshot (screenshot modes: the trainer
+    # rebuilds their prompts from them); None: not kept
 
 
+SCREENS = "screens"  # the kept screenshots' folder in rl.work (pruned every round: prune_screens)
 _WORKER: dict[str, Any] = {}
 
 
@@ -88,8 +91,52 @@ def _run_shard(args: tuple) -> tuple[list[dict[str, Any]], float, dict[str, Any]
     trajs = evaluate_sync(policy.with_seed, tasks, n_trials=n, base_seed=base_seed, progress=False,
                           obs_mode=_WORKER["spec"].obs_mode, env_factory=env_factory,
                           concurrency=_WORKER["spec"].concurrency, env_servers=envs,
+                          keep_screenshots_dir=screens_dir(_WORKER["spec"].screens, f"s{base_seed}"),
                           **({"call_timeout": None} if env_factory is not None else {}))
     return [t.to_dict() for t in trajs], sync_s, envs.take_stats() if envs is not None else None
+
+
+def screens_dir(root: str | Path | None, batch: str) -> Path | None:
+    """The folder of one batch of episodes' screenshots under ``root`` (a shard of a round: ``s<base seed>``; a
+    task draw of the asynchronous mode: ``d<draw>``), None when none are kept."""
+    return Path(root) / batch if root is not None else None
+
+
+def prune_screens(root: Path, trainer: Any, open_from: int | None = None) -> int:
+    """Delete the batches of kept screenshots under ``root`` that no trajectory can need again: those no trajectory
+    the trainer holds names (AdaPR's buffer, the hooks' replays), except, in the asynchronous mode, the draws from
+    ``open_from`` on (still running or waiting). Returns the batches deleted. Without it a screenshot run keeps
+    every screen it ever showed (a 1080x2400 PNG is 30-60 kB)."""
+    import shutil
+
+    if not root.is_dir():
+        return 0
+    used = {Path(p).relative_to(root).parts[0] for p in _screenshot_paths(
+        [trainer.buffer.state_dict(lambda t: t.to_dict()), trainer.hooks.state_dict()]) if Path(p).is_relative_to(root)}
+    gone = 0
+    for d in root.iterdir():
+        draw = d.name[1:] if d.name.startswith("d") else ""
+        if d.name in used or (open_from is not None and draw.isdigit() and int(draw) >= open_from):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone += 1
+    return gone
+
+
+def _screenshot_paths(obj: Any) -> list[str]:
+    """Every ``screenshot_path`` value in a tree of dicts and lists (trajectories in their dict form)."""
+    out: list[str] = []
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            p = x.get("screenshot_path")
+            if isinstance(p, str):
+                out.append(p)
+            stack.extend(v for v in x.values() if isinstance(v, dict | list | tuple))
+        elif isinstance(x, list | tuple):
+            stack.extend(v for v in x if isinstance(v, dict | list | tuple))
+    return out
 
 
 class RolloutWorkers:

@@ -23,7 +23,7 @@ from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.checkpoint import remove_state, resume_or_start
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import LogMetrics, train
-from mobilerl.rl.rollout import PolicySpec, RolloutWorkers
+from mobilerl.rl.rollout import SCREENS, PolicySpec, RolloutWorkers
 from mobilerl.rl.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,10 @@ def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
     return pool
 
 
-def policy_spec(cfg: RLConfig, init: Path) -> PolicySpec:
-    """What a rollout worker builds its policy from: the init and the profile's backend and prompt settings."""
+def policy_spec(cfg: RLConfig, init: Path, work: Path) -> PolicySpec:
+    """What a rollout worker builds its policy from: the init and the profile's backend and prompt settings; in a
+    screenshot mode the episodes keep their screenshots under ``work/screens`` (the trainer's rows read them)."""
+    from mobilerl.env.factory import renders
     from mobilerl.models.backends import profile_spec
     from mobilerl.models.profiles import load_profile
 
@@ -68,7 +70,8 @@ def policy_spec(cfg: RLConfig, init: Path) -> PolicySpec:
         init=str(init), backend={**profile_spec(profile), **({"max_batch": cfg.max_batch} if cfg.max_batch else {})},
         obs_mode=g.obs_mode, prompt_style=g.prompt_style, max_history=g.max_history, coords=g.coords,
         reasoning=cfg.reasoning, temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-        threads=max(1, (os.cpu_count() or 1) // cfg.rollout_processes), concurrency=cfg.rollout_concurrency)
+        threads=max(1, (os.cpu_count() or 1) // cfg.rollout_processes), concurrency=cfg.rollout_concurrency,
+        screens=str(work / SCREENS) if renders(g.obs_mode) else None)
 
 
 def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec], work: Path,
@@ -103,6 +106,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
         progress: bool = True) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """The whole `rl` stage: train from ``cfg.init`` (resuming from ``cfg.work`` when it holds a checkpoint of
     the same config), write the policy to ``cfg.out``; returns the summary and the curve."""
+    from mobilerl.env.factory import renders
     from mobilerl.models import tiny
     from mobilerl.models.hf_backend import HFBackend
     from mobilerl.models.profiles import load_profile
@@ -113,7 +117,8 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
     work, out = root / cfg.work, root / cfg.out
     fmt = PromptFormat(g.obs_mode, g.prompt_style, g.max_history, g.coords, cfg.reasoning)
     backend = HFBackend.from_pretrained(init, device=cfg.device, fast_prefill=False, prefix_cache_tokens=0)
-    trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt, backend.prompt_inputs)
+    vision = backend.image_inputs if renders(g.obs_mode) else None  # the rows' screenshots, as generation reads them
+    trainer = Trainer(cfg, backend.model, backend.prompt_ids, backend.pad_id, fmt, vision)
     if trainer.dp is not None and trainer.dp.rank != 0:
         trainer.follow()  # the updates, checkpoints and weight gathers rank 0 runs; then rank 0 stops it
         return {}, []
@@ -126,7 +131,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
 
         judge = RewardModel.from_checkpoint(root / cfg.reward_model)
     t0 = time.perf_counter()
-    curve = _loop(cfg, trainer, policy_spec(cfg, init), pool, work, log_metrics, progress, judge)
+    curve = _loop(cfg, trainer, policy_spec(cfg, init, work), pool, work, log_metrics, progress, judge)
     wall = time.perf_counter() - t0
     if out.exists():
         shutil.rmtree(out)

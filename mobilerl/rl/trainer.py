@@ -22,7 +22,15 @@ import torch
 
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.adapr import PositiveReplay
-from mobilerl.rl.batch import PromptFormat, Row, collate, micro_batches, rows_logprobs, trajectory_rows
+from mobilerl.rl.batch import (
+    PromptFormat,
+    Row,
+    Vision,
+    collate,
+    micro_batches,
+    rows_logprobs,
+    trajectory_rows,
+)
 from mobilerl.rl.bepa import BEPA
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.dart import DartCurator
@@ -55,13 +63,12 @@ class Trainer:
     """The policy under training and everything a resumed run must restore (the module docstring)."""
 
     def __init__(self, cfg: RLConfig, model: Any, prompt_ids: Callable[[Any], list[int]], pad_id: int,
-                 fmt: PromptFormat, prompt_inputs: Callable[[Any], tuple[list[int], dict[str, Any]]] | None = None
-                 ) -> None:
+                 fmt: PromptFormat, vision: Vision | None = None) -> None:
         self.cfg = cfg
         self.settings = s = cfg.settings()
         self.model = model
         self.prompt_ids = prompt_ids
-        self.prompt_inputs = prompt_inputs  # ids and vision inputs of a prompt with a screenshot (screenshot modes)
+        self.vision = vision  # the rows' screenshots -> pixel values (the backend's image processor)
         self.pad_id = pad_id
         self.fmt = fmt
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if s.kl_coef > 0 else None
@@ -124,7 +131,7 @@ class Trainer:
             self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
         ctx.fresh, ctx.replayed = fresh, replay
         # a fresh trajectory of an older policy version (the asynchronous mode's) is off-policy, like a replay
-        per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on, self.prompt_inputs))
+        per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on))
                     for (t, a), on in [*((x, False) for x in replay),
                                        *((x, x[0].policy_version in (None, str(r))) for x in fresh)]]
         if self.ref is not None:
@@ -142,7 +149,7 @@ class Trainer:
         todo = [r for r in rows if r.ref_logprobs is None]
         device = next(self.ref.parameters()).device
         for mb in micro_batches(todo, self.cfg.micro_batch_tokens):
-            ref, _ = rows_logprobs(self.ref, collate(mb, self.pad_id, device), self.settings.temperature)
+            ref, _ = rows_logprobs(self.ref, collate(mb, self.pad_id, device, self.vision), self.settings.temperature)
             for r, lp in zip(mb, ref.tolist(), strict=True):
                 r.ref_logprobs = lp[: len(r.response_ids)]
 
@@ -155,12 +162,13 @@ class Trainer:
         if self.dp is not None:
             rows = self.dp.begin_update(rows)  # every rank gets rank 0's rows
         return update(self.model, rows, self.stepper, self.settings, self.pad_id, self.cfg.aggregation,
-                      self.cfg.tis_cap, self.cfg.micro_batch_tokens)
+                      self.cfg.tis_cap, self.cfg.micro_batch_tokens, self.vision)
 
     def follow(self) -> None:
         """Ranks > 0 of a data-parallel run: the updates, checkpoints and gathers rank 0 announces, until it stops."""
         self.dp.follow(lambda rows: update(self.model, rows, self.stepper, self.settings, self.pad_id,
-                                           self.cfg.aggregation, self.cfg.tis_cap, self.cfg.micro_batch_tokens))
+                                           self.cfg.aggregation, self.cfg.tis_cap, self.cfg.micro_batch_tokens,
+                                           self.vision))
 
     # ------------------------------------------------------------------------------------ weights, state
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from mobilerl.models.profiles import RLSettings
-from mobilerl.rl.batch import Row, collate, micro_batches, rows_logprobs
+from mobilerl.rl.batch import Row, Vision, collate, micro_batches, rows_logprobs
 from mobilerl.rl.loss import policy_loss, tis_weights
 
 
@@ -73,12 +73,13 @@ class SingleProcess:
 
 def micro_loss(model: Any, forward: Any, mb: list[Row], pad_id: int, s: RLSettings, aggregation: str,
                tis_cap: float | None, epoch: int, total_tokens: int, total_rows: int, stats: dict[str, float],
-               old: dict[int, torch.Tensor], key: int) -> torch.Tensor:
+               old: dict[int, torch.Tensor], key: int, vision: Vision | None = None) -> torch.Tensor:
     """The loss of micro-batch ``mb`` scaled by its share of the step (of the step's ``total_tokens`` response
     tokens, or ``total_rows`` rows for the seq-mean aggregations), for the caller to backpropagate; adds its part
-    of the metrics to ``stats``. ``forward`` computes the logprobs (``model`` or the engine around it). With
+    of the metrics to ``stats``. ``forward`` computes the logprobs (``model`` or the engine around it); ``vision``
+    encodes the rows' screenshots. With
     ``tis_cap``, ``old[key]`` keeps the micro-batch's π_old: epoch 0's logprobs, before any step."""
-    b = collate(mb, pad_id, next(model.parameters()).device)
+    b = collate(mb, pad_id, next(model.parameters()).device, vision)
     if epoch == 0:
         stats["train/sequences"] += float(b["input_ids"].shape[0])  # distinct forwards
     logp, ent = rows_logprobs(forward, b, s.temperature, entropy=True)
@@ -108,7 +109,7 @@ def micro_loss(model: Any, forward: Any, mb: list[Row], pad_id: int, s: RLSettin
 
 
 def update(model: torch.nn.Module, rows: Sequence[Row], stepper: Stepper, s: RLSettings, pad_id: int,
-           aggregation: str, tis_cap: float | None, max_tokens: int) -> dict[str, float]:
+           aggregation: str, tis_cap: float | None, max_tokens: int, vision: Vision | None = None) -> dict[str, float]:
     """``ppo_epochs`` optimiser steps over ``rows`` (every process's rows: each runs its shard); the metrics."""
     total_tokens = sum(len(r.response_ids) for r in rows)
     batches, real = stepper.batches(rows, max_tokens)
@@ -121,7 +122,7 @@ def update(model: torch.nn.Module, rows: Sequence[Row], stepper: Stepper, s: RLS
         for i, mb in enumerate(batches):
             pad = i >= real  # a ZeRO rank with fewer micro-batches: zero-weighted, metrics thrown away
             loss = micro_loss(model, forward, mb, pad_id, s, aggregation, tis_cap, epoch, total_tokens, len(rows),
-                              defaultdict(float) if pad else stats, old, i)
+                              defaultdict(float) if pad else stats, old, i, vision)
             stepper.backward(loss, pad=pad, last=i == len(batches) - 1)
         stats["loss/grad_norm"] += stepper.step() / s.ppo_epochs
     model.eval()

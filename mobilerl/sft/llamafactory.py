@@ -71,12 +71,16 @@ def train_args(
     ``overrides`` named like a field of the profile's ``sft:`` section (``min_lr``, ``learning_rate``, ...)
     replace that field, validated as the profile is; other keys are LLaMA-Factory arguments as they are."""
     overrides = dict(overrides or {})
+    if model_path is None:
+        from mobilerl.models.random_init import ensure_weights
+
+        model_path = ensure_weights(profile)
     s = profile.sft
     own = {k: overrides.pop(k) for k in list(overrides) if k in type(s).model_fields}
     if own:
         s = type(s).model_validate({**s.model_dump(), **own})
     args: dict[str, Any] = {
-        "model_name_or_path": str(model_path or profile.weights_path),
+        "model_name_or_path": str(model_path),
         "trust_remote_code": True,
         "stage": "sft",
         "do_train": True,

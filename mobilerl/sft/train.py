@@ -81,9 +81,11 @@ def train(cfg: SFTConfig, out: Path, dataset_dir: Path | None = None, base: Path
           prefix: str = "") -> dict[str, Any]:
     """Train ``cfg`` into ``out``; logs the loss curve (``{prefix}loss/train``) and summary to the active
     MLflow run; returns the metrics (the curve itself stays in ``out/trainer_log.jsonl``)."""
+    from mobilerl.models.random_init import ensure_weights
+
     profile = load_profile(cfg.profile)
     dataset_dir = dataset_dir or repo_path(cfg.dataset_dir)
-    base = base or (repo_path(cfg.base) if cfg.base else profile.weights_path)
+    base = base or (repo_path(cfg.base) if cfg.base else ensure_weights(profile))
     if cfg.init == "random":
         base = random_init_like(base, out.parent / f"{out.name}.init")
     fmt = check_prompt_format(dataset_dir, profile) if cfg.check_prompt_format else None
@@ -104,9 +106,12 @@ def train(cfg: SFTConfig, out: Path, dataset_dir: Path | None = None, base: Path
 
 
 def random_init_like(base: Path, where: Path) -> Path:
-    """A randomly initialised copy of the tiny checkpoint ``base`` (same config and tokenizer) at ``where``."""
-    from mobilerl.models import tiny
+    """A randomly initialised copy of ``base`` (same config and tokenizer) at ``where``: the tiny checkpoint's
+    shape under its next seed, or the next seed of the config ``base`` was built from (``random_init``)."""
+    from mobilerl.models import random_init, tiny
 
+    if random_init.random_like(base, where) is not None:
+        return where
     _, processor = tiny.load(base)
     # the base's recorded recipe, kept whole (a rebuild of today's Recipe would drop its retired keys)
     recorded = json.loads((base / "tiny.json").read_text())["profile"]
