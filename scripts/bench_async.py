@@ -381,11 +381,11 @@ class RecordingTrainer(Trainer):
 def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str], envs: list[str],
               obs_mode: str, pool: list[TaskSpec], occupancy: Occupancy) -> dict[str, Any]:
     """One run of the `rl` loop against the servers: synchronous rounds (``staleness`` None) or ``rl.async``."""
+    from mobilerl.env.factory import renders
     from mobilerl.models.hf_backend import HFBackend
     from mobilerl.models.profiles import load_profile
     from mobilerl.rl.async_engines import remote_workers
     from mobilerl.rl.engine import remote_engines
-    from mobilerl.env.factory import renders
     from mobilerl.rl.run import policy_spec
 
     rounds = args.rounds_sync if staleness is None else args.rounds
