@@ -16,6 +16,7 @@ import pytest
 LONG_FILES = (
     "test_pipeline.py",
     "test_rl_trainer.py",  # its two kill -9 runs (sync, async)
+    "test_vl_smoke.py",  # the DAG on the vl_smoke profile
 )
 FIRST_TESTS = ("test_smoke_deployment_end_to_end_and_selective_repro",)
 
