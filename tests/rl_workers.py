@@ -19,7 +19,7 @@ class ThreadWorkers(Workers):
     (an inference server) and for tests and benchmarks with simulated ones."""
 
     def __init__(self, make_engine: Callable[[int], Engine], make_env: EnvFactory, workers: int = 1,
-                 slots: int = 64, call_timeout: float | None = 120.0) -> None:
+                 slots: int = 64, call_timeout: float | None = 120.0, reruns: int = 0) -> None:
         super().__init__()
         self.jobs: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()
@@ -32,7 +32,7 @@ class ThreadWorkers(Workers):
                 with build:
                     engine = make_engine(i)
                 asyncio.run(serve(engine, make_env, slots, self.jobs, self.results, self.published, self.stop, i,
-                                  call_timeout))
+                                  call_timeout, reruns))
             except BaseException as e:  # noqa: BLE001 - reported to the trainer by check()
                 self.errors.append(e)
 

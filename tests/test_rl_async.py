@@ -372,6 +372,60 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
     assert all(c["loss/tis_mean"] == pytest.approx(1.0, abs=1e-3) for c in curve)
 
 
+# ------------------------------------------------------------------------ reruns, peer options in the async loop
+
+class FailingPolicy(Policy):
+    """A policy whose engine is gone: its first call fails as an engine failure (error kind ``engine``)."""
+
+    async def act(self, ctx):
+        from mobilerl.models.generation import EngineUnavailable
+
+        raise EngineUnavailable("POST http://engine/v1/chat/completions failed after 2 attempts")
+
+
+def test_an_episode_cut_short_by_its_engine_runs_again_and_one_that_keeps_failing_is_dropped_counted(tmp_path):
+    calls: dict[int, int] = {}  # attempts of each episode (its seed), over every worker's engine
+
+    class FlakyEngine(Engine):
+        def policy(self, seed):
+            calls[seed] = calls.get(seed, 0) + 1
+            down = seed % 7 == 0 or (seed % 3 == 0 and calls[seed] == 1)  # every attempt, or the first only
+            return (FailingPolicy if down else Policy)(seed, str(self.version))
+
+    trainer = FakeTrainer(config(1, rounds=4))
+    with ThreadWorkers(lambda i: FlakyEngine(i), SlowEnv, workers=2, slots=3, reruns=1) as w:
+        curve = train_async(trainer, w, tasks(), tmp_path, progress=False)
+    for c in curve:  # every episode is trained, stale, or a counted failure
+        assert (c["rollout/episodes"] + c["async/dropped_stale"] + c["rollout/env_failures"]
+                + c["rollout/engine_failures"]) == 4 * 2
+    assert sum(c["rollout/engine_failures"] for c in curve) >= 1  # seed % 7: both attempts failed
+    assert sum(c["async/reruns"] for c in curve) > sum(c["rollout/engine_failures"] for c in curve)
+    assert max(calls.values()) == 2  # one rerun at most (rl.async.reruns = 1)
+
+
+def test_judge_all_and_distrl_run_in_the_async_loop(tmp_path):
+    from mobilerl.models.hf_backend import HFBackend
+
+    class Judge:
+        def score(self, trajs):
+            return [0.9 if i % 2 == 0 else 0.1 for i in range(len(trajs))]
+
+    backend = HFBackend.from_pretrained(BASE, device="cpu", fast_prefill=False, prefix_cache_tokens=0)
+
+    class TinyTrainer(FakeTrainer):  # the tiny model: DistRL's Retrace needs the current policy's logprobs
+        def __init__(self, cfg):
+            Trainer.__init__(self, cfg, backend.model, backend.prompt_ids, backend.pad_id, PromptFormat())
+            self.trained = []
+
+    cfg = config(1, rounds=4, judge_all=True, reward_model="the Judge", distrl={"replay_share": 1.0})
+    trainer = TinyTrainer(cfg)
+    with workers() as w:
+        curve = train_async(trainer, w, tasks(), tmp_path, progress=False, judge=Judge())
+    assert all(c["reward/judged"] == c["rollout/episodes"] and "rollout/verified_success" in c for c in curve)
+    assert curve[-1]["distrl/buffer_size"] > 0 and sum(c["distrl/replayed"] for c in curve) > 0
+    assert all(0 < c["distrl/retrace_weight_mean"] <= 1 for c in curve[1:])  # stale fresh rows are traced too
+
+
 def test_async_with_an_option_its_loop_lacks_is_a_config_error():
     import pytest
 

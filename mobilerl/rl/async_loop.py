@@ -5,7 +5,8 @@ complete groups as they come, and a trajectory more than ``max_staleness`` versi
     pump       issue groups (n episodes of one FCF-drawn task) while the admission bound allows;
                results → groups, keyed by (draw, task)
     workers    each slot: next queued episode → load the published version if newer → run it → result
-               (mobilerl.rl.async_workers)
+               (mobilerl.rl.async_workers; over remote engines, mobilerl.rl.async_engines: there the trainer
+               pushes each version to the engines before it publishes, and while it waits rejoins restarted ones)
 
 Scheduling is per trajectory: a slot that finishes an episode starts the next queued one at once, and a group is
 handed over when its n episodes have ended. Admission (AReaL's bound on off-policyness): while the published
@@ -17,7 +18,9 @@ Versions: each trajectory records the version its worker held when the episode s
 (``Trajectory.policy_version``). Each worker loads a newer version itself, before its next episode (per-worker
 refresh: no barrier stops every env at once), so later steps of an episode in flight can come from a newer
 version; the per-token behaviour logprobs are the engine's either way, and the recorded version is the oldest,
-so staleness is never under-counted. The correction is the trainer's (``rl.tis_cap``: ratio against π_old,
+so staleness is never under-counted (over remote engines: the oldest version that sampled one of its steps, as the
+completions report it). An episode cut short by its env or engine runs again (``rl.async.reruns``) before it
+reaches the trainer, which then drops and counts it. The correction is the trainer's (``rl.tis_cap``: ratio against π_old,
 weight min(π_old/π_behaviour, C), :func:`mobilerl.rl.loss.tis_weights`).
 
 Order: a round trains its groups, and each group its episodes, in the order they ended (reproducible with one
