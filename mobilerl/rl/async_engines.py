@@ -21,7 +21,8 @@ Versions. An episode records the version published when it started; every comple
 version or a newer one (a version is published after every live engine holds it), and :meth:`FleetEngine.annotate`
 then records the oldest version that sampled it (exact, never under-counting staleness) and its engine
 (``meta["engine"]``). Figures a round (:meth:`EngineFleet.take_stats`): ``engines/<engine>/busy_s`` (seconds with
-a request of ours in flight), ``requests``, ``failures``, ``downs``, ``rejoins``, ``up``, ``push_s``.
+a request of ours in flight), ``requests``, ``failures``, ``downs``, ``rejoins``, ``up``, ``version`` (the weights it
+holds, -1 when down), ``push_s``.
 """
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ class EngineFleet:
                     e.busy_s, e.since = e.busy_s + now - e.since, now
                 m |= {f"engines/{e.name}/{k}": float(getattr(e, k)) for k in _FIGURES}
                 m[f"engines/{e.name}/up"] = float(e.up)
+                m[f"engines/{e.name}/version"] = float(-1 if e.version is None else e.version)  # -1: down
                 for k in _FIGURES:
                     setattr(e, k, type(getattr(e, k))(0))
             m["engines/up"] = float(sum(e.up for e in self.engines))

@@ -128,7 +128,7 @@ async def serve(engine: Engine, envs: EnvFactory | EnvServers, slots: int, jobs:
         return None
 
     async def refresh() -> None:
-        if published.version <= engine.version:
+        if published.version <= engine.version or stop.is_set():  # stopping: the last version's file may be gone
             return
         async with load_lock:  # one load per version; this worker's other slots wait, the other workers go on
             version, path = published.get()
