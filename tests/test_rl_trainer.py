@@ -252,7 +252,7 @@ def test_kill_9_then_rerun_resumes_and_ends_with_the_uninterrupted_weights(tmp_p
                            "checkpoint_every": 1, "rollout_processes": 1, "max_batch": 1, "fcf": False,
                            "state_key": str(tmp_path / "keys" / "rl.key"),
                            **({"async": {"max_staleness": 0}} if loop == "async" else {}),
-                           "overrides": {"train_batch_size": 3, "samples_per_task": 4, "max_new_tokens": 48,
+                           "overrides": {"train_batch_size": 3, "samples_per_task": 2, "max_new_tokens": 48,
                                          "learning_rate": 1e-3}})
 
     root = _solvable_root(tmp_path)
