@@ -174,17 +174,20 @@ def test_config_errors_name_their_keys(monkeypatch, tmp_path):
 
 
 def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, monkeypatch, tmp_path):
-    """Acceptance: the `evaluate` stage's run of a checkpoint (and the random baseline) against the AndroidWorld
-    servers completes with one result per task, and the summary counts them."""
+    """Acceptance: the `evaluate` stage's run of the vl_smoke checkpoint (Qwen2.5-VL class, screenshot+xml, pixel
+    bounds) and the random baseline against the AndroidWorld servers completes with one result per task, and the
+    summary counts them."""
     import contextlib
     import types
 
     import mobilerl.eval.benchmark as B
     from mobilerl.eval.config import EvaluateConfig, check_policies
+    from mobilerl.models.profiles import load_profile
+    from mobilerl.models.random_init import ensure_weights
     from mobilerl.trajectory import read_jsonl
 
-    ckpt = ROOT / "models" / "tiny-base"
-    profile = screenshot_profile(monkeypatch, tmp_path)
+    profile = "vl_smoke"
+    ckpt = ensure_weights(load_profile(profile))
     run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r"))
     monkeypatch.setattr(B.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
     monkeypatch.setattr(B.tracking, "log_metrics", lambda metrics: None)

@@ -157,7 +157,7 @@ def test_cluster_files_name_the_compose_env_servers():
     assert docker["rl.engines_api_key_env"] in rollout["environment"]
     assert docker["rl.engines_api_key_env"] in COMPOSE["services"]["trainer"]["environment"]
     assert all("--render" in COMPOSE["services"][n]["command"] for n in SIMENVS)  # screenshots for the VLMs
-    assert "rl.async" not in docker  # synchronous rounds
+    assert docker["rl.async"] == {"max_staleness": 1} and docker["rl.tis_cap"] == 2.0  # the released setting
 
 
 def _compose() -> tuple[list[str], dict[str, str]] | None:
@@ -248,8 +248,8 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> Non
 def test_the_docker_cluster_runs_as_local_processes_with_weight_sync(tmp_path, monkeypatch):
     """The compose RL topology on loopback: the rollout image's command (vLLM swapped for the HF engine: no GPU
     here) and the simulator env servers' commands as local processes on free ports, the trainer as the rl stage
-    with configs/clusters/docker.yaml's settings pointed at them; two synchronous rounds in a screenshot profile,
-    each round's weights pushed into the engine by reload and every episode sampled by them."""
+    with configs/clusters/docker.yaml's settings pointed at them; two asynchronous rounds in a screenshot profile,
+    each update's weights pushed into the engine by reload, every episode sampled by it within the staleness bound."""
     import dataclasses
 
     import httpx
@@ -301,13 +301,14 @@ def test_the_docker_cluster_runs_as_local_processes_with_weight_sync(tmp_path, m
                "rounds": 2, "checkpoint_every": 1, "profile": screenshot_profile(monkeypatch, tmp_path),
                "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16}}
         cfg = RLConfig.model_validate(rl)
-        assert cfg.async_ is None and cfg.weight_sync == "reload"
+        assert cfg.async_ is not None and cfg.async_.max_staleness == 1 and cfg.weight_sync == "reload"
         summary, curve = run_stage(cfg, tmp_path, progress=False)
         assert [c["round"] for c in curve] == [0, 1] and summary["rounds"] == 2
         assert all(c["time/sync_s"] > 0 for c in curve)  # a push each round
+        assert max(c["async/staleness_max"] for c in curve) <= 1
         engine = cfg.engines[0]
         weights = httpx.get(f"{engine}/weights", headers={"Authorization": f"Bearer {key}"}).json()
-        assert weights["version"] == 1  # round 1's weights, pushed through the file in rl.work
+        assert weights["version"] == 2  # the second update's weights, pushed through the file in rl.work
         assert sum(v for k, v in curve[-1].items() if k.endswith("/episodes") and k.startswith("envs/")) == 4
     finally:
         for proc in procs:
