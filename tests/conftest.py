@@ -1,8 +1,8 @@
 """Suite-wide settings: the order test files start in, so that two xdist workers (`make test`) finish together.
 
 `make test` runs ``pytest -n 2 --dist loadfile --no-loadscope-reorder``: every file runs whole on one worker (the
-module-scoped fixtures are built once), and files are handed out in collection order. The smoke pipeline test
-alone is about half the suite's time, so its file goes first, with that test first in it (a worker asks for the
+module-scoped fixtures are built once), and files are handed out in collection order. The DAG test (the vl_smoke
+pipeline) alone is about half the suite's time, so its file goes first, with that test first in it (a worker asks for the
 next file once two tests of its current one are left: the pipeline file's quick tests keep it from queueing a
 file behind the smoke run); the other long files follow, the rest keep their order. Without xdist this only
 reorders; every test still runs.
@@ -16,7 +16,6 @@ import pytest
 LONG_FILES = (
     "test_pipeline.py",
     "test_rl_trainer.py",  # its two kill -9 runs (sync, async)
-    "test_vl_smoke.py",  # the DAG on the vl_smoke profile
 )
 FIRST_TESTS = ("test_smoke_deployment_end_to_end_and_selective_repro",)
 

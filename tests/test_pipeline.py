@@ -1,7 +1,8 @@
-"""Orchestration: the DVC DAG, the Prefect flow (smoke deployment, end to end), MLflow runs, params."""
+"""Orchestration: the DVC DAG, the Prefect flow (the whole DAG once, on the vl_smoke preset), MLflow runs, params."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -168,29 +169,49 @@ def test_cluster_parameter_points_the_rl_stage_at_env_servers(tmp_path):
     assert p.read_bytes() == before
 
 
+VL = "Qwen2_5_VLForConditionalGeneration"
+
+
+def _weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _changed(a: dict, b: dict, prefix: str) -> bool:
+    keys = [k for k in a if k.startswith(prefix)]
+    assert keys, prefix
+    return any(not a[k].equal(b[k]) for k in keys)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # every stage of the DAG, five of them LLaMA-Factory runs: ~8 min on 2 idle cores
+@pytest.mark.timeout(1500)  # every stage of the DAG, five of them LLaMA-Factory runs: ~5 min on 2 idle cores
 def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
-    """The smoke flow runs every stage under Prefect's test harness and logs nested MLflow runs; then, in
-    its working copy, changing one stage's param re-runs only that stage and what depends on it."""
+    """The whole DAG once, in the paper's shape: the flow runs every stage with the vl_smoke preset (Qwen2.5-VL
+    class, screenshot+xml, pixel bounds, the full prompt; tiny random weights built from config) under Prefect's
+    test harness and logs nested MLflow runs. Screenshots are stored, trained on (both SFT stages, the judge),
+    shown to the RL policy and to the evaluated checkpoints. Then, in its working copy, changing one stage's param
+    re-runs only that stage and what depends on it, and `rl` runs again asynchronously. (The text-only profile's
+    stages are each tested on their own: test_sft_stages.py, test_reward_stages.py, test_evaluate_stage.py, ...)"""
     from prefect.testing.utilities import prefect_test_harness
 
+    from mobilerl.data.store import iter_store
     from pipelines.flow import mobilerl
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("MOBILERL_PARENT_RUN_ID", raising=False)
     with prefect_test_harness(server_startup_timeout=180):  # ~10 s on idle cores, far more beside another worker
-        summary = mobilerl(preset="smoke", isolated=True, keep_workdir=True)
+        summary = mobilerl(preset="vl_smoke", isolated=True, keep_workdir=True)
     work = Path(summary["workdir"])
     try:
         assert [r["stage"] for r in summary["stages"]] == stage_order(work)
         assert all(r["status"] == "ran" for r in summary["stages"])
+        print("stage seconds:", {r["stage"]: round(r["seconds"], 1) for r in summary["stages"]})
         report = (work / "reports" / "report.md").read_text()
         assert "| oracle |" in report and "| random |" in report
         assert "## AdaGRPO (the `rl` stage)" in report and "2 rounds" in report
         assert "## Reward model (held-out lab/test traces)" in report and "| trained judge |" in report
-        assert (work / "data" / "checkpoints" / "adagrpo" / "model.safetensors").is_file()
         # MLflow: the parent run with one nested run per stage (and the evaluate sub-runs)
         import mlflow
 
@@ -205,13 +226,60 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         assert oracle[0].data.metrics["eval/success_rate"] == 1.0
         offline = [r for r in runs if r.info.run_name == "sft_reasoning_free/offline"]
         m = offline[0].data.metrics if offline else {}
-        assert m.get("androidcontrol/high/n_steps", 0) > 0 and m["androidcontrol/low/n_steps"] == m["androidcontrol/high/n_steps"]
+        n_steps = int(m.get("androidcontrol/high/n_steps", 0))
+        assert n_steps > 0 and m["androidcontrol/low/n_steps"] == n_steps
         assert "Offline step accuracy" in report and "| miss: wrong element | miss: off element |" in report
-        assert "| sft_reasoning_free | high | 3 |" in report and "| sft_reasoning_free | low | 3 |" in report
-        # the sampling study: 2 trials of 2 tasks, so pass@2 and no pass@4 column
+        assert f"| sft_reasoning_free | high | {n_steps} |" in report
+        # the sampling study: 2 trials of 1 task, so pass@2 and no pass@4 column
         sampled = [r for r in runs if r.info.run_name == "sft_reasoning_free/world/sampled"]
-        assert sampled and sampled[0].data.metrics["eval/n_trajectories"] == 4 and "eval/pass@4" not in sampled[0].data.metrics
+        assert sampled and sampled[0].data.metrics["eval/n_trajectories"] == 2
+        assert "eval/pass@4" not in sampled[0].data.metrics
         assert "## pass@k with sampling — world" in report and "| pass@1 | pass@2 | run |" in report
+
+        # collection stored (masked) screenshots of every step
+        data = work / "data"
+        steps = [s for t in iter_store(data / "collect" / "stores" / "collected") for s in t.steps]
+        assert steps and all(s.screenshot_path for s in steps)
+        assert all((data / "collect" / "stores" / "collected" / s.screenshot_path).is_file() for s in steps)
+
+        # both SFT stages trained on images through LLaMA-Factory: rows with images, and the vision tower
+        # (trainable here) moved, which only a gradient through pixel_values does; the projector stayed frozen
+        base = _weights(work / ".cache" / "models" / "vl_smoke")
+        for dataset, ckpt, init in (("sft/dataset", "sft_reasoning_free", base),
+                                    ("reasoning/refine", "sft_reasoning", None)):
+            rows = json.loads((data / dataset / "train.json").read_text())
+            assert rows and all(r["images"] and "<image>" in r["messages"][1]["content"] for r in rows)
+            assert all((data / dataset / r["images"][0]).is_file() for r in rows)
+            out = data / "checkpoints" / ckpt
+            assert json.loads((out / "config.json").read_text())["architectures"] == [VL]
+            after = _weights(out)
+            before = init if init is not None else _weights(data / "checkpoints" / "sft_reasoning_free")
+            assert _changed(before, after, "visual.patch_embed") and _changed(before, after, "visual.blocks")
+            assert not _changed(before, after, "visual.merger")
+
+        # the judge trained on and scored the rendered trace images
+        judge_rows = json.loads((data / "reward" / "dataset" / "train.json").read_text())
+        assert judge_rows and all(r["images"] and r["messages"][1]["content"].startswith("<image>")
+                                  for r in judge_rows)
+        assert json.loads((data / "checkpoints" / "reward_model" / "reward_model.json").read_text())["view"] == "image"
+        assert _changed(base, _weights(data / "checkpoints" / "reward_model"), "visual.blocks")
+        reward = json.loads((data / "reward" / "metrics.json").read_text())
+        assert reward["n"] >= 2 and list((data / "reward" / "eval" / "examples").glob("*.png"))
+        # the SFT policy's traces saw the screen on tasks whose screenshots the judge's test set does not keep
+        sft_traces = list(iter_store(data / "reward" / "traces" / "stores" / "sft_reasoning_free_test"))
+        assert sft_traces and all(t.error is None and all(s.screenshot_path for s in t.steps) for t in sft_traces)
+
+        # evaluate scored every checkpoint, online and offline, none failing for want of a screenshot
+        evaluated = json.loads((data / "eval" / "summary.json").read_text())
+        checkpoints = {"sft_random_init", "sft_reasoning_free", "sft_reasoning", "adagrpo"}
+        assert set(evaluated) == {"oracle", "random"} | checkpoints
+        assert all(s["world"]["eval/n_trajectories"] >= 1 and s["world"]["eval/n_errors"] == 0
+                   for s in evaluated.values())
+        for f in (data / "eval" / "trajectories").glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                assert json.loads(line).get("error") is None, (f.name, line[:300])
+        offline = json.loads((data / "eval" / "offline.json").read_text())
+        assert all(offline[p]["androidcontrol/high/n_steps"] > 0 for p in checkpoints)
 
         # Selective re-run: change the report's param only.
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -221,6 +289,20 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         assert "Running stage 'report'" in out
         assert "Running stage 'tasks'" not in out and "Running stage 'evaluate'" not in out
         assert "Changed title" in (work / "reports" / "report.md").read_text()
+
+        # rl again, asynchronously: both modes ran their rounds on screenshots (a screenshot-less policy stops a
+        # round with its error), within the staleness bound
+        sync_curve = (data / "checkpoints" / "adagrpo.curve.jsonl").read_text()
+        apply_overrides(work / "params.yaml", {"rl.async": {"max_staleness": 1}, "rl.tis_cap": 2.0})
+        subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", "rl"], cwd=work, env=env,
+                       capture_output=True, text=True, check=True)
+        for text, mode in ((sync_curve, "sync"), ((data / "checkpoints" / "adagrpo.curve.jsonl").read_text(), "async")):
+            curve = [json.loads(x) for x in text.splitlines()]
+            assert [c["round"] for c in curve] == [0, 1] and all(c["rollout/episodes"] == 4 for c in curve), mode
+        assert "async/staleness_max" in curve[-1] and max(c["async/staleness_max"] for c in curve) <= 1
+        assert sum(c["screens/pruned"] for c in curve) > 0 and not (work / ".cache" / "rl" / "screens").exists()
+        assert json.loads((data / "checkpoints" / "adagrpo" / "config.json").read_text())["architectures"] == [VL]
+        assert (data / "checkpoints" / "adagrpo" / "model.safetensors").is_file()
     finally:
         import shutil
 
