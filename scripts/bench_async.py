@@ -224,6 +224,14 @@ def run_mode(args: argparse.Namespace, staleness: int | None, pool: list[TaskSpe
     }
 
 
+def _print_table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> None:
+    """A markdown table: a column a (header, key, format) triple, a row a mode."""
+    print("| " + " | ".join(c[0] for c in cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f.format(r[k]) for _, k, f in cols) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--envs", type=int, default=256, help="envs in all (split over --engines workers)")
@@ -263,10 +271,7 @@ def main() -> None:
             ("wait rollouts", "share_rollout_wait", "{:.1%}"), ("train", "share_train", "{:.1%}"),
             ("sync", "share_sync", "{:.2%}"), ("other", "share_other", "{:.2%}"),
             ("beyond env+gen+train", "share_beyond", "{:.2%}")]
-    print("| " + " | ".join(c[0] for c in cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in rows:
-        print("| " + " | ".join(f.format(r[k]) for _, k, f in cols) + " |")
+    _print_table(rows, cols)
 
 
 # ------------------------------------------------------------------------- real processes on loopback (`real`)
@@ -492,10 +497,7 @@ def real_main(argv: list[str]) -> None:
             ("within bound", "within_bound", "{}"), ("gap on-policy", "gap_max", "{:.1e}"),
             ("on-policy traj", "on_policy_trajectories", "{}"), ("step s", "step_s", "{:.2f}"),
             ("update s", "train_s", "{:.2f}")]
-    print("| " + " | ".join(c[0] for c in cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in rows:
-        print("| " + " | ".join(f.format(r[k]) for _, k, f in cols) + " |")
+    _print_table(rows, cols)
 
 
 if __name__ == "__main__":
