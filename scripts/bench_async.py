@@ -199,7 +199,7 @@ def run_mode(args: argparse.Namespace, staleness: int | None, pool: list[TaskSpe
         time.sleep(0.5)  # the pools' envs built
         t0 = time.perf_counter()
         loop = train if staleness is None else train_async
-        curve = loop(cfg, trainer, w, pool, Path(tmp), lambda m, r: ends.append(time.perf_counter()), progress=False)
+        curve = loop(trainer, w, pool, Path(tmp), lambda m, r: ends.append(time.perf_counter()), progress=False)
         t1 = time.perf_counter()
     n_env = per * args.engines
     wall, steady = t1 - t0, t1 - ends[0]

@@ -434,3 +434,21 @@ def test_async_with_an_option_its_loop_lacks_is_a_config_error():
     with pytest.raises(ValueError, match="rl.async is not combined with rl.dart"):
         RLConfig.model_validate({"async": {"max_staleness": 1}, "dart": {}})
     assert RLConfig.model_validate({"async": {"max_staleness": 1}}).async_ is not None
+
+
+def test_bench_async_script_runs_both_modes():
+    """scripts/bench_async.py's simulated mode as users run it (a tiny budget): both loops finish their rounds, the
+    asynchronous one within its staleness bound, nothing dropped (figures are not asserted, only their shape)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_async.py"
+    args = ["--envs", "8", "--engines", "2", "--latency", "0.05", "--tasks", "4", "--n", "2", "--rounds", "2",
+            "--rounds-sync", "1", "--train", "0.1", "--staleness", "1", "--json"]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120, check=True)
+    sync, async_ = json.loads(out.stdout)["modes"]
+    assert (sync["mode"], sync["rounds"], async_["mode"], async_["rounds"]) == ("sync", 1, "async k=1", 2)
+    assert 0 < sync["env_util"] <= 1 and 0 < async_["env_util"] <= 1 and async_["env_steps_per_s"] > 0
+    assert async_["dropped_stale"] == 0 and 0 <= async_["staleness_mean"] <= 1
