@@ -309,7 +309,8 @@ def test_the_docker_cluster_runs_as_local_processes_with_weight_sync(tmp_path, m
         engine = cfg.engines[0]
         weights = httpx.get(f"{engine}/weights", headers={"Authorization": f"Bearer {key}"}).json()
         assert weights["version"] == 2  # the second update's weights, pushed through the file in rl.work
-        assert sum(v for k, v in curve[-1].items() if k.endswith("/episodes") and k.startswith("envs/")) == 4
+        # every trained episode ran on the env servers (rollouts run ahead: a round's figures hold the next one's)
+        assert sum(v for c in curve for k, v in c.items() if k.endswith("/episodes") and k.startswith("envs/")) >= 8
     finally:
         for proc in procs:
             proc.terminate()

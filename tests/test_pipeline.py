@@ -229,7 +229,8 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         n_steps = int(m.get("androidcontrol/high/n_steps", 0))
         assert n_steps > 0 and m["androidcontrol/low/n_steps"] == n_steps
         assert "Offline step accuracy" in report and "| miss: wrong element | miss: off element |" in report
-        assert f"| sft_reasoning_free | high | {n_steps} |" in report
+        n_episodes = int(m["androidcontrol/high/n_episodes"])
+        assert n_episodes > 0 and f"| sft_reasoning_free | high | {n_episodes} | {n_steps} |" in report
         # the sampling study: 2 trials of 1 task, so pass@2 and no pass@4 column
         sampled = [r for r in runs if r.info.run_name == "sft_reasoning_free/world/sampled"]
         assert sampled and sampled[0].data.metrics["eval/n_trajectories"] == 2
