@@ -181,6 +181,10 @@ def isolated_copy() -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     shutil.copytree(ROOT / ".dvc", dest / ".dvc", dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp", "cache"))
+    # the bytecode too (sources keep their mtimes, so it stays valid): without it, where PYTHONDONTWRITEBYTECODE
+    # is set, every stage's process compiles the library again
+    for cache in (p for folder in ("mobilerl", "stages", "pipelines") for p in (ROOT / folder).rglob("__pycache__")):
+        shutil.copytree(cache, dest / cache.relative_to(ROOT), dirs_exist_ok=True)
     subprocess.run([sys.executable, "-m", "dvc", "config", "--local", "core.no_scm", "true"], cwd=dest,
                    check=True, capture_output=True)
     return dest
