@@ -61,7 +61,7 @@ compose: $(COMPOSE_BIN)
 
 setup: $(BIN)/.installed system-deps compose
 
-# Two xdist workers, whole files each, in the order tests/conftest.py sets (the smoke pipeline's file first);
+# Two xdist workers, whole files each, in the order tests/conftest.py sets (the DAG test's file first);
 # one torch thread a process: the workers already fill both cores, and idle OpenMP threads spin (docs/ci.md).
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: export OMP_NUM_THREADS = 1

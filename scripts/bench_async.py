@@ -424,7 +424,8 @@ def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str
         "mode": "sync" if staleness is None else f"async k={staleness}", "rounds": rounds, "wall_s": wall,
         "env_util": occupancy.util(t0, t1),
         "engine_util": sum(b - a for a, b in zip(busy0, busy1, strict=True)) / (len(engines) * wall),
-        "env_steps_per_s": sum(c["rollout/steps"] * c["rollout/episodes"] for c in curve) / wall,  # kept episodes
+        "env_steps_per_s": sum(v for c in curve for key, v in c.items()
+                               if key.startswith("envs/") and key.endswith("/steps")) / wall,
         "trained_traj_per_s": sum(c["rollout/episodes"] for c in curve) / wall,
         "staleness": {a: ages.count(a) for a in range(k + 1)},
         "dropped_stale": sum(c.get("async/dropped_stale", 0.0) for c in curve),

@@ -2,9 +2,9 @@
 
 `make test` runs ``pytest -n 2 --dist loadfile --no-loadscope-reorder``: every file runs whole on one worker (the
 module-scoped fixtures are built once), and files are handed out in collection order. The DAG test (the vl_smoke
-pipeline) alone is about half the suite's time, so its file goes first, with that test first in it (a worker asks for the
-next file once two tests of its current one are left: the pipeline file's quick tests keep it from queueing a
-file behind the smoke run); the other long files follow, the rest keep their order. Without xdist this only
+pipeline) is the longest by far (about a quarter of the suite's time), so its file goes first, with that test first
+in it (a worker asks for the next file once two tests of its current one are left: the pipeline file's quick tests
+keep it from queueing a file behind the DAG run); the other long files follow, the rest keep their order. Without xdist this only
 reorders; every test still runs.
 """
 
