@@ -79,6 +79,12 @@ def _rank(rank: int, world: int, port: int, backend: dict[str, Any], data: dict[
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     torch.set_num_threads(1)
+    if backend.get("trainer_backend") == "deepspeed":
+        import deepspeed.ops
+
+        # DeepSpeed's CPU shared-memory allreduce is a C++ JIT build (~40 s of both cores on a clean clone) that
+        # only speeds up large CPU tensors; gloo reduces these (GPU runs never build it)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     res: dict[str, Any] = {}
 
     def session(cfg: dict[str, Any], drive) -> Trainer:
