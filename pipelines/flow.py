@@ -17,11 +17,13 @@ otherwise the overrides are written into ``params.yaml`` (as ``dvc exp run --set
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,19 +192,54 @@ def isolated_copy() -> Path:
     return dest
 
 
+def stream(cmd: list[str], cwd: str, env: dict[str, str], emit: Callable[[str], None],
+           redraw_every_s: float = 30.0) -> tuple[int, list[str]]:
+    """Run ``cmd`` (stderr into stdout, Python unbuffered) and hand each line of its output to ``emit`` as it
+    comes; returns the exit code and the lines. A progress bar's redraws (ended by a carriage return) are handed
+    on at most once per ``redraw_every_s``, the last one at the end: a long stage says how far it is, once."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    buf, pending, last_redraw = b"", "", float("-inf")
+    while chunk := proc.stdout.read1(1 << 16):
+        buf += chunk
+        while (m := re.search(rb"\r\n|\r|\n", buf)) and (m.end() < len(buf) or m.group() != b"\r"):
+            text, newline = buf[: m.start()].decode(errors="replace").strip(), m.group() != b"\r"
+            buf = buf[m.end():]
+            if not text:
+                continue
+            if newline:
+                pending = ""
+                lines.append(text)
+                emit(text)
+            elif time.monotonic() - last_redraw >= redraw_every_s:
+                pending, last_redraw = "", time.monotonic()
+                emit(text)
+            else:
+                pending = text
+    for text in (pending, buf.decode(errors="replace").strip()):
+        if text:
+            lines.append(text)
+            emit(text)
+    return proc.wait(), lines
+
+
 @task(retries=1, retry_delay_seconds=5, task_run_name="stage-{stage}")
 def run_stage(stage: str, workdir: str, env: dict[str, str]) -> dict[str, Any]:
-    """``dvc repro --single-item <stage>``: DVC decides whether the stage is stale and runs it."""
+    """``dvc repro --single-item <stage>``: DVC decides whether the stage is stale and runs it; its output is logged
+    line by line as it comes, each line with the stage's name."""
     log = get_run_logger()
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", stage], cwd=workdir, env=env,
-                          capture_output=True, text=True)
-    for line in (proc.stdout + proc.stderr).splitlines():
-        if line.strip() and "Warning" not in line:
+
+    def emit(line: str) -> None:
+        if "Warning" not in line:
             log.info("%s | %s", stage, line)
-    if proc.returncode != 0:
-        raise RuntimeError(f"stage {stage!r} failed (exit {proc.returncode}); see the log above")
-    skipped = "didn't change, skipping" in proc.stdout
+
+    code, lines = stream([sys.executable, "-m", "dvc", "repro", "--single-item", stage], workdir, env, emit)
+    if code != 0:
+        raise RuntimeError(f"stage {stage!r} failed (exit {code}); see the log above")
+    skipped = any("didn't change, skipping" in line for line in lines)
     return {"stage": stage, "status": "up to date" if skipped else "ran", "seconds": time.perf_counter() - t0}
 
 

@@ -263,14 +263,16 @@ def _dies() -> object:
     os._exit(3)
 
 
-def test_evaluation_in_worker_processes_gives_the_same_episodes(tmp_path):
+def test_evaluation_in_worker_processes_gives_the_same_episodes(tmp_path, capsys):
     from mobilerl.eval.runner import evaluate_in_processes
 
     tasks = [get_task(f"world/test/{t.name}/0") for t in templates("world")[:6]]
     one = evaluate_sync(RandomPolicy, tasks, n_trials=2, concurrency=4, progress=False, base_seed=5)
     out = tmp_path / "t.jsonl"
     two = evaluate_in_processes(_random_policies, tasks, processes=2, threads=1, n_trials=2, concurrency=4,
-                                base_seed=5, out_path=out)
+                                base_seed=5, out_path=out, desc="random/world")
+    bar = capsys.readouterr().err.split("\r")[-1]  # the parent's bar of its workers' episodes, at its end
+    assert bar.startswith("random/world: 100%") and "12/12" in bar, bar
     assert [(t.task_id, t.trial) for t in two] == [(t.task_id, t.trial) for t in one]
     assert [[s.response for s in t.steps] for t in two] == [[s.response for s in t.steps] for t in one]
     assert [t.reward for t in two] == [t.reward for t in one]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -285,8 +286,10 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         # Selective re-run: change the report's param only.
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         apply_overrides(work / "params.yaml", {"report.title": "Changed title"})
-        out = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=work, env=env, capture_output=True,
-                             text=True, check=True).stdout
+        repro = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=work, env=env, capture_output=True,
+                               text=True, check=True)
+        out = repro.stdout
+        assert "is empty" not in out + repro.stderr  # no empty file among any stage's deps
         assert "Running stage 'report'" in out
         assert "Running stage 'tasks'" not in out and "Running stage 'evaluate'" not in out
         assert "Changed title" in (work / "reports" / "report.md").read_text()
@@ -336,3 +339,29 @@ def test_every_preset_and_cluster_passes_the_override_checks(tmp_path):
         p = tmp_path / "params.yaml"
         p.write_text((ROOT / "params.yaml").read_text())
         apply_overrides(p, overrides)
+
+
+def test_a_stages_output_is_logged_as_it_comes_and_its_progress_bar_once_per_interval(tmp_path):
+    """`make run` and a deployment's Prefect log show a stage's lines while it runs (not all at its end) and a
+    bar's redraws at most once per interval, its final state always."""
+    from pipelines.flow import stream
+
+    child = ("import sys, time\n"
+             "print('started')\n"  # no flush: the stage's Python is made unbuffered
+             "time.sleep(1.0)\n"
+             "for i in range(1, 51):\n"
+             "    sys.stderr.write(f'\\rsteps {i}/50'); sys.stderr.flush(); time.sleep(0.02)\n"
+             "sys.stderr.write('\\n')\n"
+             "print('done')\n")
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    code, lines = stream([sys.executable, "-c", child], str(tmp_path), dict(os.environ),
+                         lambda line: seen.append((time.monotonic() - t0, line)), redraw_every_s=0.5)
+    end = time.monotonic() - t0
+    assert code == 0 and lines[0] == "started" and lines[-1] == "done"
+    assert seen[0] == (pytest.approx(seen[0][0]), "started") and seen[0][0] < end - 0.8  # live, not at the end
+    bars = [line for _, line in seen if line.startswith("steps")]
+    assert bars[0] == "steps 1/50" and bars[-1] == "steps 50/50" and 2 <= len(bars) <= 5  # ~1 s of redraws
+    code, lines = stream([sys.executable, "-c", "import sys; print('x'); sys.exit(3)"], str(tmp_path),
+                         dict(os.environ), lambda line: None)
+    assert code == 3 and lines == ["x"]

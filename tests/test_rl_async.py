@@ -220,19 +220,24 @@ def test_async_with_a_slow_env_honours_max_staleness_and_counts_every_drop(tmp_p
     assert not list(tmp_path.glob("policy.v*.safetensors"))  # the versioned weights are gone with the run
 
 
-def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchanged(tmp_path):
+def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchanged(tmp_path, capsys):
     cfg = config(2, rounds=5)
     trainer = FakeTrainer(cfg)
     with workers() as w:
-        curve = train_async(trainer, w, tasks(), tmp_path / "a", progress=False)
+        curve = train_async(trainer, w, tasks(), tmp_path / "a")
     ages = [r - int(v) for r, vs in trainer.trained for v in vs]
     assert max(ages) <= 2 and max(ages) >= 1  # the pipeline runs ahead of the trainer, within k
     assert all(c["async/episodes_in_flight"] <= 3 * 4 * 2 for c in curve)
 
     sync = FakeTrainer(config(None, rounds=3))  # no rl.async: train()'s rounds, every episode of the round's version
     with workers() as w:
-        train(sync, w, tasks(), tmp_path / "s", progress=False)
+        train(sync, w, tasks(), tmp_path / "s")
     assert all(v == str(r) for r, vs in sync.trained for v in vs)
+    # a watched run (make run, a deployment's log) gets a line a round from either loop, with its ETA
+    lines = [x for x in capsys.readouterr().out.splitlines() if " round " in x]
+    assert [x.split(":")[0] for x in lines] == [f"adagrpo-async round {r}/5" for r in range(1, 6)] + [
+        f"adagrpo round {r}/3" for r in range(1, 4)], lines
+    assert all("rollout/success " in x and " s, ETA " in x for x in lines) and lines[-1].endswith("ETA 0.0 min")
     assert RLConfig().async_ is None and RLConfig().tis_cap is None
 
 

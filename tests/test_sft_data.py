@@ -222,7 +222,7 @@ def test_marks_frame_dataset_names_lines_and_keeps_low_level_instructions(stores
 
 
 @pytest.mark.timeout(600)
-def test_llamafactory_trains_two_steps_on_the_dataset(stores, tmp_path):
+def test_llamafactory_trains_two_steps_on_the_dataset(stores, tmp_path, capsys):
     """The dataset loads in LLaMA-Factory (template qwen2_vl) and a 2-step SFT run succeeds on a tiny
     Qwen2-VL built from config with a tokenizer trained on the fly."""
     import sys
@@ -243,5 +243,25 @@ def test_llamafactory_trains_two_steps_on_the_dataset(stores, tmp_path):
                                                      "max_samples": 16})
     res = LF.run(args, timeout_s=540)
     assert [s for s, _ in res.losses] == [1, 2], res
+    assert "sft: step 2/2, loss " in capsys.readouterr().out  # the watched run's last progress line
     assert all(loss == loss and loss > 0 for _, loss in res.losses)
     shutil.rmtree(out, ignore_errors=True)
+
+
+def test_a_watched_training_prints_its_progress_once_per_interval_and_its_end(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from mobilerl.sft.llamafactory import watch
+
+    log = tmp_path / "trainer_log.jsonl"
+    child = (f"import json, time\nfor i in range(1, 21):\n"
+             f"    open({str(log)!r}, 'a').write(json.dumps({{'current_steps': i, 'total_steps': 20, 'loss': 2.0 / i, "
+             f"'elapsed_time': '0:00:0%d' % (i // 4), 'remaining_time': '0:00:05'}}) + '\\n')\n    time.sleep(0.05)\n")
+    watch(subprocess.Popen([sys.executable, "-c", child]), log, every_s=0.4, poll_s=0.05)
+    lines = capsys.readouterr().out.splitlines()
+    assert 2 <= len(lines) <= 6 and lines[-1] == "sft: step 20/20, loss 0.1000, 0:00:05 elapsed, ETA 0:00:05"
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    with pytest.raises(subprocess.TimeoutExpired):
+        watch(slow, log, timeout_s=0.3, poll_s=0.05)
+    slow.kill()

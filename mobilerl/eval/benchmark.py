@@ -93,14 +93,14 @@ def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks
             envs = env_factory(ANDROIDWORLD, obs_mode=obs_mode_of(name, cfg), androidworld=cfg.androidworld)
             # no pool timeout: each of the client's HTTP calls has its own (androidworld.timeout_s)
             trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency, env_factory=envs,
-                                  base_seed=cfg.seed, progress=False, out_path=out_path, env_retries=cfg.env_retries,
+                                  base_seed=cfg.seed, desc=run_name, out_path=out_path, env_retries=cfg.env_retries,
                                   call_timeout=None)
         elif name in cfg.checkpoints and cfg.model_processes > 1:
-            trajs = run_checkpoint(name, tasks, cfg, out_path=out_path)
+            trajs = run_checkpoint(name, tasks, cfg, out_path=out_path, desc=run_name)
         else:
             trajs = evaluate_sync(factory, tasks, n_trials=cfg.n_trials, concurrency=concurrency,
                                   perturb=cfg.perturb, obs_mode=obs_mode_of(name, cfg), base_seed=cfg.seed,
-                                  progress=False, out_path=out_path, env_retries=cfg.env_retries)
+                                  desc=run_name, out_path=out_path, env_retries=cfg.env_retries)
         wall = time.perf_counter() - t0
         s = summarize(trajs, template_texts=sim_template_texts(tasks))
         check_env_failures(s["eval/n_env_failed"], len(trajs), cfg, run_name)

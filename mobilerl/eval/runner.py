@@ -55,6 +55,7 @@ async def evaluate(
     inline_env: bool | None = None,
     env_servers: EnvServers | None = None,
     env_retries: int = 0,
+    desc: str = "eval",
 ) -> list[Trajectory]:
     """Run ``n_trials`` episodes of every task and return the trajectories in (task, trial) order.
 
@@ -132,7 +133,7 @@ async def evaluate(
         async with pool:
             episodes = await run_episodes(pool, policy_factory, tasks, n_trials=n_trials, base_seed=base_seed,
                                           on_episode=write if writer is not None else None,
-                                          keep_screenshots_dir=keep_screenshots_dir, progress=progress, desc="eval")
+                                          keep_screenshots_dir=keep_screenshots_dir, progress=progress, desc=desc)
             rerun = failed = [ep for ep in episodes if is_env_error(ep.trajectory)] if env_retries else []
             for _ in range(env_retries):
                 if not failed:
@@ -208,14 +209,21 @@ def evaluate_in_processes(
 
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
+    show, desc = kwargs.pop("progress", True), kwargs.pop("desc", "eval")
     kwargs = {**kwargs, "progress": False}
     kwargs.pop("append", None)
     n = max(1, min(processes, len(tasks)))
     shards = [list(tasks[k::n]) for k in range(n)]
     parts = [None if out_path is None else Path(f"{out_path}.part{k}") for k in range(n)]
+    for part in parts:
+        if part is not None:
+            part.unlink(missing_ok=True)  # a killed run's: the bar would count its episodes as this run's
     jobs = [(make_factory, shard, threads, part, kwargs) for shard, part in zip(shards, parts, strict=True)]
     with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
         futures = [ex.submit(_shard_worker, job) for job in jobs]
+        if show and out_path is not None:  # the workers' bars are off: count the episodes their part files hold
+            _follow(futures, [p for p in parts if p is not None],
+                    sum(trial_counts(tasks, kwargs.get("n_trials", 1))), desc)
         results: list[list[dict[str, Any]]] = []
         for k, fut in enumerate(futures):
             try:
@@ -234,6 +242,29 @@ def evaluate_in_processes(
             if part is not None:
                 part.unlink(missing_ok=True)
     return out
+
+
+def _follow(futures: list, parts: list[Path], total: int, desc: str, poll_s: float = 2.0) -> None:
+    """A bar of the episodes written to ``parts`` (one line each, appended) until every future is done."""
+    from concurrent.futures import wait
+
+    from tqdm.auto import tqdm
+
+    offsets = dict.fromkeys(parts, 0)
+    with tqdm(total=total, desc=desc, unit="episode", dynamic_ncols=True) as bar:
+        while True:
+            running = wait(futures, timeout=poll_s).not_done
+            for part in parts:
+                try:
+                    with part.open("rb") as f:
+                        f.seek(offsets[part])
+                        new = f.read()
+                except FileNotFoundError:
+                    continue
+                offsets[part] += len(new)
+                bar.update(new.count(b"\n"))
+            if not running:
+                return
 
 
 def sim_template_texts(tasks: Sequence[TaskSpec]) -> dict[str, str]:

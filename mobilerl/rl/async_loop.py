@@ -51,7 +51,7 @@ from mobilerl.agent.runner import episode_seed
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.async_workers import Job, Workers
 from mobilerl.rl.hooks import RoundContext
-from mobilerl.rl.loop import LogMetrics, close_round, open_curve
+from mobilerl.rl.loop import LogMetrics, close_round, open_curve, round_line
 from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -254,9 +254,9 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
 
     if trainer.round > 0 or workers.pushes_weights:
         publish(trainer.round)  # resumed: the checkpoint's weights; engines: the trainer's, whatever they serve
-    seen_loads, seen_reruns = 0, 0
-    bar = tqdm(range(trainer.round, cfg.rounds), initial=trainer.round, total=cfg.rounds, desc="adagrpo-async",
-               disable=not progress, dynamic_ncols=True)
+    seen_loads, seen_reruns, start = 0, 0, trainer.round
+    bar = tqdm(range(start, cfg.rounds), initial=start, total=cfg.rounds, desc="adagrpo-async", disable=not progress,
+               dynamic_ncols=True)
     try:
         with sched:
             for r in bar:
@@ -290,6 +290,8 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
                       **workers.metrics()}  # engines/<engine>/..., envs/<server>/..., sync/...: the rollout side's
                 close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws,
                             open_from=sched.resume_point()["draws"])
+                if progress:
+                    round_line(bar, m, curve, start)
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)
     finally:
         bar.close()

@@ -3,8 +3,8 @@
     weights → rollout side;  FCF draws tasks [hooks: tasks drawn] → n rollouts a task (T = 1, token ids +
     logprobs) → round.collect → [hooks: groups scored, with further draws] → round.learn → checkpoint, curve
 
-:func:`close_round` (checkpoint, timings, curve line, metrics) and :func:`prune_screens` (the kept screenshots
-of trained rounds) are the asynchronous loop's too.
+:func:`close_round` (checkpoint, timings, curve line, metrics), :func:`round_line` (the line a round a watched run
+prints) and :func:`prune_screens` (the kept screenshots of trained rounds) are the asynchronous loop's too.
 """
 
 from __future__ import annotations
@@ -66,6 +66,16 @@ def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve:
     log_metrics({k: v for k, v in m.items() if k != "round"}, int(m["round"]))
 
 
+def round_line(bar: Any, m: dict[str, float], curve: list[dict[str, float]], start: int) -> None:
+    """One line a round above the bar (a captured log, e.g. ``make run``'s, keeps them all): the round, its success
+    and trained rows, its seconds, the ETA at this run's mean seconds a round (rounds since ``start``)."""
+    r, rounds = int(m["round"]), bar.total
+    mine = [c["time/step_s"] for c in curve if c["round"] >= start]
+    eta = sum(mine) / len(mine) * (rounds - r - 1)
+    bar.write(f"{bar.desc} round {r + 1}/{rounds}: rollout/success {m['rollout/success']:.3f}, "
+              f"train/rows {int(m.get('train/rows', 0))}, {m['time/step_s']:.1f} s, ETA {eta / 60:.1f} min")
+
+
 def _episodes(workers: Any, tasks: Sequence[TaskSpec], n: int, base_seed: int, weights: Path | None,
               version: int) -> list[Trajectory]:
     return workers.run(tasks, n, base_seed, weights, version)[0]
@@ -89,8 +99,9 @@ def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metr
     cfg, s = trainer.cfg, trainer.settings
     curve_path, curve = open_curve(work, trainer.round)
     weights = work / "policy.safetensors"
-    bar = tqdm(range(trainer.round, cfg.rounds), initial=trainer.round, total=cfg.rounds, desc="adagrpo",
-               disable=not progress, dynamic_ncols=True)
+    start = trainer.round
+    bar = tqdm(range(start, cfg.rounds), initial=start, total=cfg.rounds, desc="adagrpo", disable=not progress,
+               dynamic_ncols=True)
     for r in bar:
         t0 = time.perf_counter()
         sync_s = 0.0
@@ -116,6 +127,8 @@ def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metr
         m |= {"time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/sync_s": sync_s,
               **getattr(workers, "metrics", dict)()}  # envs/<server>/..., sync/...: the rollout side's
         close_round(trainer, work, m, t0, curve, curve_path, log_metrics)
+        if progress:
+            round_line(bar, m, curve, start)
         bar.set_postfix(sr=f"{m['rollout/success']:.3f}", buf=len(trainer.buffer), refresh=False)
     bar.close()
     return curve

@@ -150,13 +150,52 @@ def run(args: dict[str, Any], log_path: Path | None = None, timeout_s: float | N
     log_path = log_path or out / "llamafactory.log"
     t0 = time.perf_counter()
     with log_path.open("w") as log:
-        proc = subprocess.run([cli, "train", str(cfg)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                              timeout=timeout_s)
+        proc = subprocess.Popen([cli, "train", str(cfg)], stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            watch(proc, out / "trainer_log.jsonl", timeout_s=timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise RuntimeError(f"llamafactory-cli train failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
     return read_result(out, wall)
+
+
+def watch(proc: subprocess.Popen, trainer_log: Path, every_s: float = 30.0, timeout_s: float | None = None,
+          poll_s: float = 1.0) -> None:
+    """Wait for ``proc``, printing at most every ``every_s`` (and once at the end) its progress as LLaMA-Factory's
+    ``trainer_log.jsonl`` has it: steps done of all, loss, elapsed and remaining time. Raises
+    ``subprocess.TimeoutExpired`` past ``timeout_s``."""
+    t0, last, shown = time.monotonic(), float("-inf"), None
+
+    def show() -> None:
+        nonlocal shown
+        try:
+            recs = [json.loads(x) for x in trainer_log.read_text().splitlines()[-2:]]
+        except (OSError, json.JSONDecodeError):  # not written yet, or a line half-written
+            return
+        if not recs or recs[-1].get("current_steps") is None or recs[-1] == shown:
+            return
+        rec = shown = recs[-1]
+        losses = [r["loss"] for r in recs if isinstance(r.get("loss"), float)]  # the last line may be the summary's
+        loss = f", loss {losses[-1]:.4f}" if losses else ""
+        print(f"sft: step {rec['current_steps']}/{rec.get('total_steps', '?')}{loss}, "
+              f"{rec.get('elapsed_time', '?')} elapsed, ETA {rec.get('remaining_time', '?')}", flush=True)
+
+    while True:
+        if time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            show()
+        try:
+            proc.wait(timeout=poll_s)
+            break
+        except subprocess.TimeoutExpired:
+            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                raise subprocess.TimeoutExpired(proc.args, timeout_s) from None
+    show()
 
 
 def train_sft(
