@@ -203,6 +203,14 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
         mlflow.log_metrics(flat, step=step)
 
 
+def log_images(images: Mapping[str, Any], step: int | None = None) -> None:
+    """Log PIL images under their keys (MLflow's image view: one slider a key over the steps)."""
+    import mlflow
+
+    for key, img in images.items():
+        mlflow.log_image(img, key=metric_key(key), step=step)
+
+
 def register_model(model_dir: Path, name: str, alias: str) -> str:
     """Log ``model_dir`` as the active run's artifact, register it as ``name`` and point ``alias`` at it.
 

@@ -28,7 +28,7 @@ def main() -> None:
         run(cfg, ROOT, progress=False)
         return
     with tracking.stage_run("rl", cfg.model_dump()) as run_:
-        summary, curve = run(cfg, ROOT, log_metrics=tracking.log_metrics)
+        summary, curve = run(cfg, ROOT, log_metrics=tracking.log_metrics, log_images=tracking.log_images)
         summary["registered_version"] = tracking.register_model(ROOT / cfg.out, cfg.registered_model, cfg.alias)
         summary["mlflow_run_id"] = run_.info.run_id
     (CHECKPOINTS / "adagrpo.curve.jsonl").write_text("".join(json.dumps(c) + "\n" for c in curve))

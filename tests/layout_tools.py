@@ -106,18 +106,22 @@ def imports_of(path: Path) -> frozenset[str]:
 
 def closure(start: Path) -> tuple[set[str], set[str]]:
     """(files, unresolved): every project file executed when ``start`` runs as ``python -m``, as paths
-    relative to the repo root, with the ``__init__.py`` of every package on the way (Python runs them);
-    and the internal modules imported but not found, as ``"name (in file)"`` (a broken or stale import)."""
+    relative to the repo root, with the ``__init__.py`` of every package on the way (Python runs them) unless
+    empty (it changes nothing, and DVC warns of an empty dep at every stage); and the internal modules imported
+    but not found, as ``"name (in file)"`` (a broken or stale import)."""
     files: set[str] = set()
     unresolved: set[str] = set()
     todo = [start]
     name = module_name(start)
     todo += [f for i in range(1, name.count(".") + 1) if (f := module_file(".".join(name.split(".")[:i])))]
+    seen: set[str] = set()
     while todo:
         path = todo.pop()
-        if rel(path) in files:
+        if rel(path) in seen:
             continue
-        files.add(rel(path))
+        seen.add(rel(path))
+        if path.stat().st_size:
+            files.add(rel(path))
         for mod in imports_of(path):
             parts = mod.split(".")
             for i in range(1, len(parts) + 1):
@@ -141,7 +145,7 @@ def minimal_cover(files: set[str]) -> list[str]:
 
     def is_full(d: str) -> bool:
         if d not in full:
-            pys = {rel(p) for p in (ROOT / d).rglob("*.py")}
+            pys = {rel(p) for p in (ROOT / d).rglob("*.py") if p.stat().st_size}
             full[d] = bool(pys) and pys <= files
         return full[d]
 

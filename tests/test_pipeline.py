@@ -222,6 +222,14 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
         assert {r.data.tags["mobilerl.stage"] for r in children} == set(stage_order(work))
         assert all(r.data.tags.get("mobilerl.git_sha") for r in children)
+        # the RL run shows what the policy did: masked episode images of its first and last round
+        [rl_run] = [r for r in children if r.data.tags["mobilerl.stage"] == "rl"]
+        shots = [a.path for a in mlflow.MlflowClient().list_artifacts(rl_run.info.run_id, "images")]
+        assert {p.split("+step+")[1].split("+")[0] for p in shots if p.endswith(".png")} == {"0", "1"}, shots
+        # ... and an evaluated checkpoint's run its failures, one a template
+        [ev] = [r for r in runs if r.info.run_name == "sft_reasoning_free/world"]
+        fails = [a.path for a in mlflow.MlflowClient().list_artifacts(ev.info.run_id, "images")]
+        assert any(p.startswith("images/failures~") and p.endswith(".png") for p in fails), fails
         oracle = [r for r in runs if r.info.run_name == "oracle/world"]
         assert oracle, sorted(r.info.run_name for r in runs)
         assert oracle[0].data.metrics["eval/success_rate"] == 1.0

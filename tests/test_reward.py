@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from mobilerl.reward import judge as J
-from mobilerl.reward.render import TAP_COLOUR, describe_action, draw_action, render_png, text_form
+from mobilerl.eval.render import TAP_COLOUR, describe_action, draw_action, render_png, text_form
 from mobilerl.trajectory import StepRecord, Trajectory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reward"

@@ -106,6 +106,10 @@ def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks
         check_env_failures(s["eval/n_env_failed"], len(trajs), cfg, run_name)
         s |= {"wall_s": wall, "n_tasks": len(tasks), "n_trials": cfg.n_trials, "temperature": cfg.temperature}
         tracking.log_metrics(s)
+        if name in cfg.checkpoints and cfg.failure_images:
+            from mobilerl.eval.episode_images import failure_images
+
+            tracking.log_images(failure_images(trajs, cfg.failure_images))
         s["mlflow_run_id"] = run.info.run_id
     print(f"evaluate: {run_name} ({cfg.split} split): success {s['eval/success_rate']:.3f} over {len(trajs)} "
           f"episodes in {wall:.1f}s")

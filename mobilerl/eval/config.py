@@ -71,6 +71,9 @@ class EvaluateConfig(StageConfig):
     max_env_failed_share: float = Field(
         0.05, ge=0.0, le=1.0, description="Largest share of a (policy, suite)'s episodes that may be lost to env "
                                           "failures (left out of the success rate); more fails the stage.")
+    failure_images: int = Field(
+        50, ge=0, description="Templates (at most) whose first failure a checkpoint's run logs as a masked MLflow "
+                              "image, failures/<template> (0: none).")
     reuse_greedy: bool = Field(
         True, description="At temperature 0, a prompt already answered in the episode is answered from memory "
                           "(the same trajectory, fewer model calls; mobilerl.agent.model_policy).")

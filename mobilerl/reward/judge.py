@@ -1,6 +1,6 @@
 """The reward model: ``RewardModel.score(trajectories) -> list[float]``, P(the task was completed) per trace.
 
-The judge reads a trace as :mod:`mobilerl.reward.render` draws it (the text form for a text-only profile; the
+The judge reads a trace as :mod:`mobilerl.eval.render` draws it (the text form for a text-only profile; the
 concatenated screenshots and the action descriptions for a VLM) and answers
 ``<think>…</think><answer>1|0</answer>`` (``answer="think"``, the paper's format, App. D.3.2) or the bare
 ``1|0`` (``answer="score"``). One call scores a batch through any generation backend
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig
-from mobilerl.reward.render import render_png, text_form
+from mobilerl.eval.render import render_png, text_form
 from mobilerl.trajectory import Trajectory
 
 SETTINGS_FILE = "reward_model.json"

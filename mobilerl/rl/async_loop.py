@@ -51,7 +51,7 @@ from mobilerl.agent.runner import episode_seed
 from mobilerl.env.base import TaskSpec
 from mobilerl.rl.async_workers import Job, Workers
 from mobilerl.rl.hooks import RoundContext
-from mobilerl.rl.loop import LogMetrics, close_round, open_curve, round_line
+from mobilerl.rl.loop import LogImages, LogMetrics, close_round, open_curve, round_line
 from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -221,7 +221,7 @@ def drop_stale(trajectories: list[Trajectory], version: int, max_staleness: int)
 
 def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path,
                 log_metrics: LogMetrics = lambda m, r: None, progress: bool = True,
-                judge: Any = None) -> list[dict[str, float]]:
+                judge: Any = None, log_images: LogImages | None = None) -> list[dict[str, float]]:
     """Rounds ``trainer.round`` … ``cfg.rounds - 1`` of the asynchronous mode (the module docstring); returns the
     curve like :func:`mobilerl.rl.loop.train`, with ``async/*`` metrics and ``time/rollout_s`` the seconds the
     trainer waited for groups."""
@@ -289,7 +289,7 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
                       "time/rollout_s": wait_s, "time/reward_s": reward_s, "time/sync_s": time.perf_counter() - ts,
                       **workers.metrics()}  # engines/<engine>/..., envs/<server>/..., sync/...: the rollout side's
                 close_round(trainer, work, m, t0, curve, curve_path, log_metrics, save_draws,
-                            open_from=sched.resume_point()["draws"])
+                            open_from=sched.resume_point()["draws"], groups=ctx.train, log_images=log_images)
                 if progress:
                     round_line(bar, m, curve, start)
                 bar.set_postfix(sr=f"{m['rollout/success']:.3f}", stale=int(stale), refresh=False)

@@ -152,6 +152,8 @@ class RLConfig(StageConfig):
         "DAPO's dynamic sampling (mobilerl/rl/dynamic_sampling.py): draw until the batch's groups all have signal "
         "(None: off)."))
     checkpoint_every: int = Field(5, ge=1, description="Rounds between resumable checkpoints.")
+    log_episodes_every: int = Field(10, ge=0, description=(
+        "Rounds between MLflow images of a round's best success and a failure of its task, masked (0: none)."))
     state_key: str = Field("~/.config/mobilerl/rl-state.key", description=(
         "Key file sealing the resume state's trajectories at rest, kept outside rl.work (made 0600 when missing)."))
     trainer_backend: Literal["single", "ddp", "deepspeed"] = Field("single", description=(

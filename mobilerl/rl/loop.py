@@ -28,6 +28,7 @@ from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
 
 LogMetrics = Callable[[dict[str, float], int], None]
+LogImages = Callable[[dict[str, Any], int], None]  # {key: PIL image}, round
 
 
 def open_curve(work: Path, start: int) -> tuple[Path, list[dict[str, float]]]:
@@ -43,11 +44,18 @@ def open_curve(work: Path, start: int) -> tuple[Path, list[dict[str, float]]]:
 
 def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve: list[dict[str, float]],
                 curve_path: Path, log_metrics: LogMetrics, before_save: Callable[[], None] | None = None,
-                open_from: int | None = None) -> None:
-    """A round's bookkeeping: the kept screenshots no trajectory needs any more deleted (:func:`prune_screens`;
-    ``open_from``: the asynchronous mode's oldest draw still open), tokens/s, the resumable checkpoint every
-    ``checkpoint_every`` rounds (``before_save`` first), step and other seconds, the curve line, the metrics."""
+                open_from: int | None = None, groups: Sequence[Group] = (), log_images: LogImages | None = None) -> None:
+    """A round's bookkeeping: every ``log_episodes_every`` rounds, images of two of its episodes (``groups``';
+    :mod:`mobilerl.eval.episode_images`) to ``log_images``; the kept screenshots no trajectory needs any more deleted
+    (:func:`prune_screens`; ``open_from``: the asynchronous mode's oldest draw still open), tokens/s, the resumable
+    checkpoint every ``checkpoint_every`` rounds (``before_save`` first), step and other seconds, the curve line,
+    the metrics."""
     cfg = trainer.cfg
+    r, every = int(m["round"]), cfg.log_episodes_every
+    if log_images is not None and every and (r % every == 0 or r == cfg.rounds - 1):
+        from mobilerl.eval.episode_images import round_images
+
+        log_images(round_images(t for g in groups for t in g.trajectories), r)  # before their screens are pruned
     m["screens/pruned"] = float(prune_screens(work / SCREENS, trainer, open_from))
     if m.get("train/tokens") and m["time/train_s"] > 0:
         m["train/tokens_per_s"] = m["train/tokens"] / m["time/train_s"]
@@ -93,7 +101,7 @@ def further_draw(trainer: Any, ctx: RoundContext, pool: list[TaskSpec], judge: A
 
 
 def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metrics: LogMetrics = lambda m, r: None,
-          progress: bool = True, judge: Any = None) -> list[dict[str, float]]:
+          progress: bool = True, judge: Any = None, log_images: LogImages | None = None) -> list[dict[str, float]]:
     """Rounds ``trainer.round`` … ``cfg.rounds - 1``; returns every round's metrics (the curve, resumed runs
     included: earlier rounds come from ``work/curve.jsonl``)."""
     cfg, s = trainer.cfg, trainer.settings
@@ -126,7 +134,7 @@ def train(trainer: Any, workers: Any, pool: list[TaskSpec], work: Path, log_metr
         m = learn(trainer, ctx, pool)
         m |= {"time/rollout_s": rollout_s, "time/reward_s": reward_s, "time/sync_s": sync_s,
               **getattr(workers, "metrics", dict)()}  # envs/<server>/..., sync/...: the rollout side's
-        close_round(trainer, work, m, t0, curve, curve_path, log_metrics)
+        close_round(trainer, work, m, t0, curve, curve_path, log_metrics, groups=ctx.train, log_images=log_images)
         if progress:
             round_line(bar, m, curve, start)
         bar.set_postfix(sr=f"{m['rollout/success']:.3f}", buf=len(trainer.buffer), refresh=False)

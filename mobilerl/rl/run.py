@@ -22,7 +22,7 @@ from mobilerl.env.base import TaskSpec
 from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.checkpoint import remove_state, resume_or_start
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.loop import LogMetrics, train
+from mobilerl.rl.loop import LogImages, LogMetrics, train
 from mobilerl.rl.rollout import SCREENS, PolicySpec, RolloutWorkers
 from mobilerl.rl.trainer import Trainer
 
@@ -75,7 +75,7 @@ def policy_spec(cfg: RLConfig, init: Path, work: Path) -> PolicySpec:
 
 
 def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec], work: Path,
-          log_metrics: LogMetrics, progress: bool, judge: Any) -> list[dict[str, float]]:
+          log_metrics: LogMetrics, progress: bool, judge: Any, log_images: LogImages | None) -> list[dict[str, float]]:
     """The loop over the rollout side ``cfg`` configures."""
     if cfg.async_ is not None:  # decoupled rollout and training
         from mobilerl.env.factory import renders
@@ -91,7 +91,7 @@ def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec
                                       cfg.env_pool, cfg.async_.reruns,
                                       work / "screens" if renders(spec.obs_mode) else None)
         with aworkers as w:
-            return train_async(trainer, w, pool, work, log_metrics, progress, judge)
+            return train_async(trainer, w, pool, work, log_metrics, progress, judge, log_images)
     if cfg.engines:
         from mobilerl.rl.engine import remote_engines
 
@@ -99,13 +99,14 @@ def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec
     else:
         rollouts = RolloutWorkers(spec, cfg.rollout_processes, cfg.env_servers, cfg.env_pool, cfg.androidworld)
     with rollouts as workers:
-        return train(trainer, workers, pool, work, log_metrics, progress, judge)
+        return train(trainer, workers, pool, work, log_metrics, progress, judge, log_images)
 
 
-def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
-        progress: bool = True) -> tuple[dict[str, Any], list[dict[str, float]]]:
+def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None, progress: bool = True,
+        log_images: LogImages | None = None) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """The whole `rl` stage: train from ``cfg.init`` (resuming from ``cfg.work`` when it holds a checkpoint of
-    the same config), write the policy to ``cfg.out``; returns the summary and the curve."""
+    the same config), write the policy to ``cfg.out``; returns the summary and the curve. ``log_images`` takes a
+    round's episode images (``rl.log_episodes_every``)."""
     from mobilerl.env.factory import renders
     from mobilerl.models import tiny
     from mobilerl.models.hf_backend import HFBackend
@@ -131,7 +132,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None,
 
         judge = RewardModel.from_checkpoint(root / cfg.reward_model)
     t0 = time.perf_counter()
-    curve = _loop(cfg, trainer, policy_spec(cfg, init, work), pool, work, log_metrics, progress, judge)
+    curve = _loop(cfg, trainer, policy_spec(cfg, init, work), pool, work, log_metrics, progress, judge, log_images)
     wall = time.perf_counter() - t0
     if out.exists():
         shutil.rmtree(out)
