@@ -91,8 +91,8 @@ serve: setup
 
 # The MLflow UI over the project's local tracking store.
 ui: setup
-	$(BIN)/mlflow ui --host 127.0.0.1 --port $(MLFLOW_PORT) --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
-	  --default-artifact-root $(CURDIR)/mlruns/artifacts
+	$(BIN)/mlflow server --app-name mobilerl --workers 1 --host 127.0.0.1 --port $(MLFLOW_PORT) \
+	  --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db --default-artifact-root $(CURDIR)/mlruns/artifacts
 
 bench: setup
 	$(BIN)/python scripts/bench_env.py
