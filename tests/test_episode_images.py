@@ -13,8 +13,8 @@ from mobilerl.data import privacy as P
 from mobilerl.data.audit import sim_canaries
 from mobilerl.data.masking import trajectory_texts
 from mobilerl.env.sim.tasks.registry import get_task
-from mobilerl.eval.runner import evaluate_sync
 from mobilerl.eval.episode_images import masked_copy, pick, round_images
+from mobilerl.eval.runner import evaluate_sync
 from mobilerl.trajectory import Trajectory
 
 TASK = "lab/test/contacts_phone_query/0"  # the expert opens a contact: names and a phone number on screen

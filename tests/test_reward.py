@@ -13,8 +13,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from mobilerl.reward import judge as J
 from mobilerl.eval.render import TAP_COLOUR, describe_action, draw_action, render_png, text_form
+from mobilerl.reward import judge as J
 from mobilerl.trajectory import StepRecord, Trajectory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reward"

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig
 from mobilerl.eval.render import render_png, text_form
+from mobilerl.models.generation import ChatRequest, GenerationBackend, SamplingConfig
 from mobilerl.trajectory import Trajectory
 
 SETTINGS_FILE = "reward_model.json"

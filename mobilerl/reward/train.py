@@ -21,8 +21,8 @@ from pydantic import Field
 
 from mobilerl import tracking
 from mobilerl.config import StageConfig, repo_path
-from mobilerl.reward.judge import JudgeSettings, RewardModel, judge_messages, target
 from mobilerl.eval.render import render_png
+from mobilerl.reward.judge import JudgeSettings, RewardModel, judge_messages, target
 from mobilerl.reward.traces import read_index
 from mobilerl.sft.train import SFTConfig, train
 from mobilerl.trajectory import Trajectory
