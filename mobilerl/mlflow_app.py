@@ -6,17 +6,20 @@ or the link carries ``?workflowType=machine_learning``; the experiment's ``mlflo
 so too, is not read (the code that would is behind a feature flag fixed on). MLflow 3.18, which reads it, needs an
 ``mlflow-tracing`` 3.18 that the package index here does not have. This app is MLflow's, run by ``mlflow server
 --app-name mobilerl`` (MLflow's ``mlflow.app`` plugin entry point, as its basic-auth app is) with one change: its
-page makes Model training the browser's choice when the browser has made none. The switch still works, and a
-choice made with it is kept.
+page makes two choices for a browser that has made none, Model training, and the UI's usage telemetry off (the
+project's default everywhere; the server drops the events anyway, MLFLOW_DISABLE_TELEMETRY, but the UI would ask).
+The switch and the settings page still work, and a choice made there is kept.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-WORKFLOW_KEY, TRAINING = "mlflow.workflowType_v1", '"machine_learning"'  # the UI's storage key and JSON value
-DEFAULT_SCRIPT = (f"<script>try{{localStorage.getItem('{WORKFLOW_KEY}')||"
-                  f"localStorage.setItem('{WORKFLOW_KEY}','{TRAINING}')}}catch(e){{}}</script>").encode()
+WORKFLOW_KEY = "mlflow.workflowType_v1"
+DEFAULTS = {WORKFLOW_KEY: '"machine_learning"',  # the UI's localStorage keys (name_v<version>) and JSON values
+            "mlflow.settings.telemetry.enabled_v1": "false", "mlflow.telemetry.info.alert.dismissed_v1": "true"}
+DEFAULT_SCRIPT = ("<script>try{" + "".join(f"localStorage.getItem('{k}')===null&&localStorage.setItem('{k}','{v}');"
+                                           for k, v in DEFAULTS.items()) + "}catch(e){}</script>").encode()
 
 
 def _training_by_default(response: Any) -> Any:

@@ -67,7 +67,8 @@ def serve(uri: str, folder: Path, app: str | None = "mobilerl") -> tuple[subproc
     raise RuntimeError(f"mlflow server did not come up on {base}")
 
 
-def check(base: str, experiment_id: str, rl_run: str, chromium: str, screenshot: Path | None) -> list[str]:
+def check(base: str, experiment_id: str, rl_run: str, chromium: str, screenshot: Path | None,
+          plain: bool = False) -> list[str]:
     """What is wrong with the pages the new browser lands on (empty: nothing)."""
     from playwright.sync_api import Error, sync_playwright
 
@@ -76,7 +77,11 @@ def check(base: str, experiment_id: str, rl_run: str, chromium: str, screenshot:
         browser = p.chromium.launch(executable_path=chromium, headless=True)
         page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()  # an empty profile
         page.goto(base + "/", wait_until="load")
-        page.get_by_role("link", name="mobilerl", exact=True).first.click(timeout=60_000)
+        link = page.get_by_role("link", name="mobilerl", exact=True).first
+        link.wait_for(timeout=60_000)
+        if not plain and "collects usage data" in page.inner_text("body"):
+            problems.append("the start page asks about the UI's usage telemetry: its default (off) was not set")
+        link.click()
         try:  # the parent run, and the count with its two nested runs
             page.get_by_text("pipeline/default").first.wait_for(timeout=30_000)
             page.get_by_text("3 matching runs").wait_for(timeout=10_000)
@@ -108,7 +113,7 @@ def main() -> None:
         uri, experiment_id, rl_run = make_store(Path(tmp))
         proc, base = serve(uri, Path(tmp), None if args.plain else "mobilerl")
         try:
-            problems = check(base, experiment_id, rl_run, args.chromium, args.screenshot)
+            problems = check(base, experiment_id, rl_run, args.chromium, args.screenshot, args.plain)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
