@@ -220,7 +220,7 @@ def test_async_with_a_slow_env_honours_max_staleness_and_counts_every_drop(tmp_p
     assert not list(tmp_path.glob("policy.v*.safetensors"))  # the versioned weights are gone with the run
 
 
-def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchanged(tmp_path, capsys):
+def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchanged(tmp_path, capsys, caplog):
     cfg = config(2, rounds=5)
     trainer = FakeTrainer(cfg)
     with workers() as w:
@@ -230,9 +230,13 @@ def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchang
     assert all(c["async/episodes_in_flight"] <= 3 * 4 * 2 for c in curve)
 
     sync = FakeTrainer(config(None, rounds=3))  # no rl.async: train()'s rounds, every episode of the round's version
-    with workers() as w:
-        train(sync, w, tasks(), tmp_path / "s")
+    def broken(images, r):
+        raise OSError("artifact store full")
+
+    with workers() as w, caplog.at_level(logging.WARNING, logger="mobilerl.rl.loop"):
+        train(sync, w, tasks(), tmp_path / "s", log_images=broken)
     assert all(v == str(r) for r, vs in sync.trained for v in vs)
+    assert [m for m in caplog.messages if "episode images failed" in m]  # the run went on (rounds 0 and 2 drew)
     # a watched run (make run, a deployment's log) gets a line a round from either loop, with its ETA
     lines = [x for x in capsys.readouterr().out.splitlines() if " round " in x]
     assert [x.split(":")[0] for x in lines] == [f"adagrpo-async round {r}/5" for r in range(1, 6)] + [

@@ -109,7 +109,10 @@ def run_policy(name: str, factory: Callable[[int], Any], concurrency: int, tasks
         if name in cfg.checkpoints and cfg.failure_images:
             from mobilerl.eval.episode_images import failure_images
 
-            tracking.log_images(failure_images(trajs, cfg.failure_images))
+            try:
+                tracking.log_images(failure_images(trajs, cfg.failure_images))
+            except Exception as e:  # noqa: BLE001 — pictures of the run; never lose its figures over them
+                print(f"evaluate: {run_name}: failure images not logged: {e!r}")
         s["mlflow_run_id"] = run.info.run_id
     print(f"evaluate: {run_name} ({cfg.split} split): success {s['eval/success_rate']:.3f} over {len(trajs)} "
           f"episodes in {wall:.1f}s")

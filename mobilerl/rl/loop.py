@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from mobilerl.rl.round import collect, learn
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
 
+log = logging.getLogger(__name__)
 LogMetrics = Callable[[dict[str, float], int], None]
 LogImages = Callable[[dict[str, Any], int], None]  # {key: PIL image}, round
 
@@ -55,7 +57,10 @@ def close_round(trainer: Any, work: Path, m: dict[str, float], t0: float, curve:
     if log_images is not None and every and (r % every == 0 or r == cfg.rounds - 1):
         from mobilerl.eval.episode_images import round_images
 
-        log_images(round_images(t for g in groups for t in g.trajectories), r)  # before their screens are pruned
+        try:  # before their screens are pruned
+            log_images(round_images(t for g in groups for t in g.trajectories), r)
+        except Exception as e:  # noqa: BLE001 — a picture of the round; never end a run over it
+            log.warning("rl: round %d's episode images failed: %r", r, e)
     m["screens/pruned"] = float(prune_screens(work / SCREENS, trainer, open_from))
     if m.get("train/tokens") and m["time/train_s"] > 0:
         m["train/tokens_per_s"] = m["train/tokens"] / m["time/train_s"]
