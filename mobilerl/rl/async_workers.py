@@ -169,8 +169,11 @@ async def serve(engine: Engine, envs: EnvFactory | EnvServers, slots: int, jobs:
             for f in (running, halt):
                 f.cancel()
             await asyncio.gather(running, halt, return_exceptions=True)
-            if running.done() and not running.cancelled() and running.exception() is not None:
-                raise running.exception()  # type: ignore[misc]
+            # a slot's own error ends the worker; the CancelledError of the slots stopped above does not (gather
+            # keeps a cancelled child's as its exception)
+            error = running.exception() if running.done() and not running.cancelled() else None
+            if error is not None and not isinstance(error, asyncio.CancelledError):
+                raise error
     finally:
         fetcher.shutdown(wait=False, cancel_futures=True)
 
