@@ -206,7 +206,7 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
             res = collect_sync(factory, spread(tasks[split], cap), out / "stores" / store, masking=masking,
                                concurrency=concurrency, env_factory=functools.partial(LabelEnv, render,
                                                                                       cfg.perturb),
-                               base_seed=cfg.seed, mask_workers=cfg.mask_workers, progress=False, source=name,
+                               base_seed=cfg.seed, mask_workers=cfg.mask_workers, source=name,
                                keep_secrets=False)
             if res.leaks_blocked:
                 raise RuntimeError(f"reward_traces: {res.leaks_blocked} episodes of {store} still held planted "
