@@ -267,10 +267,14 @@ def find_stores(root: str | Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob(TABLE))
 
 
-def audit(stores: Iterable[str | Path], **kwargs: Any) -> AuditReport:
+def audit(stores: Iterable[str | Path], progress: bool = False, **kwargs: Any) -> AuditReport:
+    """:func:`audit_store` of each store into one report (``progress``: a bar of the stores, and of each's OCR)."""
+    from tqdm.auto import tqdm
+
     report = AuditReport()
-    for s in stores:
-        audit_store(s, report=report, **kwargs)
+    stores = list(stores)
+    for s in tqdm(stores, desc="audit", unit="store", disable=not progress):
+        audit_store(s, report=report, progress=progress, **kwargs)
     return report
 
 

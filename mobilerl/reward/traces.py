@@ -231,7 +231,7 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
                              f"({Counter(r['label'] for r in rows[s])}); add policies or tasks")
     t0 = time.perf_counter()
     report = audit(stores, ocr=cfg.audit_ocr_images > 0, ocr_max_images=cfg.audit_ocr_images or None,
-                   seed=cfg.seed)
+                   seed=cfg.seed, progress=True)
     audit_s = time.perf_counter() - t0
     write_report(report, out / "privacy_report.json")
     with (out / "index.jsonl").open("w", encoding="utf-8") as f:
