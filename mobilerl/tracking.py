@@ -204,9 +204,12 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
 
 
 def log_images(images: Mapping[str, Any], step: int | None = None) -> None:
-    """Log PIL images under their keys (MLflow's image view: one slider a key over the steps)."""
+    """Log PIL images under their keys (MLflow's image view: one slider a key over the steps) to the active run;
+    with none, an error (MLflow would start a run of its own, left open)."""
     import mlflow
 
+    if images and mlflow.active_run() is None:
+        raise RuntimeError("tracking.log_images needs an active run (a stage's or a child run)")
     for key, img in images.items():
         mlflow.log_image(img, key=metric_key(key), step=step)
 

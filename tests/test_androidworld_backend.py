@@ -191,6 +191,7 @@ def test_evaluate_stage_scores_a_checkpoint_on_androidworld_per_task(servers, mo
     run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r"))
     monkeypatch.setattr(B.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
     monkeypatch.setattr(B.tracking, "log_metrics", lambda metrics: None)
+    monkeypatch.setattr(B.tracking, "log_images", lambda images, step=None: None)
     cfg = validate_section("evaluate", EvaluateConfig, {
         "suites": ["androidworld"], "policies": ["random", "ckpt"], "checkpoints": {"ckpt": str(ckpt)},
         "profile": profile, "temperature": 0.0, "max_per_template": 1, "offline_per_template": 0,

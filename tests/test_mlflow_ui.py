@@ -46,3 +46,21 @@ def test_a_new_browser_lands_on_the_training_runs_and_plain_mlflow_would_not():
     plain = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_mlflow_ui.py"), "--chromium", CHROMIUM,
                             "--plain"], capture_output=True, text=True, timeout=600)
     assert plain.returncode == 1 and "workflowType=genai" in plain.stdout, plain.stdout  # the check can fail
+
+
+def test_images_go_to_the_active_run_and_without_one_are_an_error(tmp_path, monkeypatch):
+    import mlflow
+    from PIL import Image
+
+    from mobilerl import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking.setup()
+    img = {"episodes/failure": Image.new("RGB", (8, 8))}
+    with pytest.raises(RuntimeError, match="needs an active run"):
+        tracking.log_images(img, step=0)
+    assert mlflow.active_run() is None and not mlflow.search_runs(experiment_names=["mobilerl"], output_format="list")
+    with mlflow.start_run() as run:
+        tracking.log_images(img, step=3)
+    logged = [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "images")]
+    assert any("+step+3+" in p and p.endswith(".png") for p in logged), logged
