@@ -33,8 +33,7 @@ def make_store(folder: Path) -> tuple[str, str, str]:
 
     from mobilerl import tracking
 
-    with tracking.pipeline_run("pipeline/default", {"preset": "default"}) as parent:
-        os.environ[tracking.PARENT_ENV] = parent.info.run_id
+    with tracking.pipeline_run("pipeline/default", {"preset": "default"}):  # stage runs nest under it
         with tracking.stage_run("sft_reasoning_free", {"lr": 1e-3}):
             tracking.log_metrics({"sft/final_loss": 0.5})
         with tracking.stage_run("rl", {"rounds": 3}) as rl:

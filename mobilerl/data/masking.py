@@ -13,7 +13,7 @@ import hashlib
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,18 @@ class MaskingOptions:
         res = mask_image(small, boxes=boxes, box_space=box_space, masker=masker, regions=pre, **{**kw, "qr": False})
         res.timings["qr_s"] = qr_s
         return res
+
+    def teach(self, masker: P.TextMasker, planted: Mapping[str, str], task_params: Mapping[str, Any]) -> None:
+        """An episode's text masker learns values a device planted (``value -> category``): those of
+        ``known_categories`` are masked as known values (the first and last names of the task's own people too:
+        they get typed into separate fields), and none may be a surrogate."""
+        known = {k: v for k, v in planted.items() if v in self.known_categories}
+        if known:
+            masker.add_known(known)
+            if P.PERSON_NAME in self.known_categories:
+                params = {str(v) for v in task_params.values() if isinstance(v, str)}
+                masker.add_name_parts(k for k, v in known.items() if v == P.PERSON_NAME and k in params)
+        masker.surrogates.add_avoid(planted)
 
     def shrink(self, img: Image.Image) -> Image.Image:
         """The screenshot as stored: downscaled so its longer side is at most ``image_max_side``."""

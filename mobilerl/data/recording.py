@@ -48,14 +48,7 @@ class EpisodeCapture:
             if not fresh:
                 return
             self.canaries.update(fresh)
-            known = {k: v for k, v in fresh.items() if v in self.opts.known_categories}
-            if known:
-                self.masker.add_known(known)
-                # the task's own people: their first and last names get typed into separate fields
-                if P.PERSON_NAME in self.opts.known_categories:
-                    params = {str(v) for v in self.task.params.values() if isinstance(v, str)}
-                    self.masker.add_name_parts(k for k, v in known.items() if v == P.PERSON_NAME and k in params)
-            self.masker.surrogates.add_avoid(fresh)
+            self.opts.teach(self.masker, fresh, self.task.params)
 
     def add(self, obs: Observation) -> None:
         if obs.screenshot is None:

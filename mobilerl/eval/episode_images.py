@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -41,9 +42,7 @@ def masked_copy(traj: Trajectory, folder: Path, opts: MaskingOptions | None = No
     """``traj`` with its texts masked and its screenshots masked into ``folder`` (the copy names them there)."""
     opts = opts or MaskingOptions()
     masker = P.TextMasker(opts.mode, seed=f"{opts.seed}|{traj.task_id}")
-    known = _planted(traj.task_id)
-    masker.add_known({k: v for k, v in known.items() if v in opts.known_categories})
-    masker.surrogates.add_avoid(known)
+    opts.teach(masker, *_planted(traj.task_id))
     for text in [traj.instruction, *(s.xml_compressed for s in traj.steps)]:
         masker.learn(text)
     boxes = [P.sensitive_boxes(s.xml_compressed, masker) for s in traj.steps]
@@ -61,14 +60,16 @@ def masked_copy(traj: Trajectory, folder: Path, opts: MaskingOptions | None = No
     return out
 
 
-def _planted(task_id: str) -> dict[str, str]:
-    """The personal values the simulator planted for ``task_id`` (none for another backend's task)."""
+def _planted(task_id: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The personal values the simulator planted for ``task_id`` and the task's parameters (none for another
+    backend's task)."""
     from mobilerl.data.audit import sim_canaries
+    from mobilerl.env.sim.tasks.registry import get_task
 
     try:
-        return dict(sim_canaries(task_id))
+        return dict(sim_canaries(task_id)), get_task(task_id, with_optimal=False).params
     except (KeyError, ValueError):
-        return {}
+        return {}, {}
 
 
 def drawn(traj: Trajectory, opts: MaskingOptions | None = None) -> Image.Image:
