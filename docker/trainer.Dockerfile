@@ -14,7 +14,7 @@ COPY mobilerl ./mobilerl
 # On GPU the CUDA build of torch comes from the index; constraints pin the rest of the stack.
 RUN pip install --upgrade pip setuptools wheel \
     && pip install -c constraints.txt torch==2.13.0 \
-    && DS_BUILD_OPS=0 pip install --no-build-isolation -c constraints.txt -e ".[train,pipeline,privacy]"
+    && DS_BUILD_OPS=0 pip install --no-build-isolation -c constraints.txt -e ".[train,pipeline,privacy,cluster]"
 COPY stages ./stages
 COPY pipelines ./pipelines
 COPY configs ./configs

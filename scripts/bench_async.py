@@ -31,6 +31,13 @@ screenshots); synchronous rounds through :mod:`mobilerl.rl.engine`, then ``rl.as
     .venv/bin/python scripts/bench_async.py real                                   # xml, k = 1
     .venv/bin/python scripts/bench_async.py real --obs-mode screenshot+xml --staleness 1
     .venv/bin/python scripts/bench_async.py real --profile vl_smoke                # a profile's own mode
+    .venv/bin/python scripts/bench_async.py --cluster ray                          # the same, then on Ray's servers
+
+With ``--cluster ray`` the runs are made on servers this script starts and on the same servers started by Ray
+(:mod:`mobilerl.rl.ray_cluster`, a local cluster unless ``--ray-address``), in the order this script, Ray, Ray, this
+script, its own at the niceness Ray gives its workers (15: without it Ray's servers yield the 2 cores to the trainer
+and the comparison measures priorities); the mean env utilisation of each is printed side by side: Ray's
+overhead, measured.
 
 The reward is a stand-in (every other episode succeeds, :class:`HalfJudge`: the tiny base solves nothing). Figures:
 env utilisation = env sessions held ÷ env workers (the servers' ``/stats``, sampled every 50 ms), engine
@@ -263,7 +270,7 @@ def main() -> None:
     print(f"{args.envs} envs x {args.latency} s a step (±{args.jitter:.0%}), episodes of {args.steps[0]}-{args.steps[1]} "
           f"steps, {args.tasks} tasks x {args.n} a round, update {args.train} s, {args.engines} engines "
           f"(batch {args.gen_base}+{args.gen_row}/row s), load {args.load} s")
-    cols = [("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
+    cols = [("servers", "servers", "{}"), ("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
             ("env util", "env_util", "{:.1%}"), ("env util after round 0", "env_util_steady", "{:.1%}"),
             ("env steps/s", "env_steps_per_s", "{:.1f}"), ("trained traj/s", "trained_traj_per_s", "{:.1f}"),
             ("dropped stale", "dropped_stale", "{:.0f}"), ("staleness", "staleness_mean", "{:.2f}"),
@@ -278,6 +285,7 @@ def main() -> None:
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-async-token"
+API_KEY_ENV = "MOBILERL_API_KEY"
 
 
 def _free_port() -> int:
@@ -288,22 +296,28 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_servers(args: argparse.Namespace, render: bool) -> tuple[list[Any], list[str], list[str]]:
+RAY_NICE = 15  # the niceness Ray's raylet gives its workers (its worker_niceness), so their servers' too
+
+
+def start_servers(args: argparse.Namespace, render: bool, nice: int = 0) -> tuple[list[Any], list[str], list[str]]:
     """``--engines`` ``serve_openai --weight-sync`` processes and ``--env-servers`` ``mobilerl env serve`` processes
-    (rendering screenshots with ``render``), every one on 127.0.0.1, as an operator starts them; waits until all
-    answer ``/health``."""
+    (rendering screenshots with ``render``), every one on 127.0.0.1, as an operator starts them, at niceness
+    ``nice``; waits until all answer ``/health``."""
     import os
     import subprocess
 
+    def lower() -> None:
+        os.nice(nice)
+
     import httpx
 
-    env = {**os.environ, "MOBILERL_ENV_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # the token and key: real_main's
     procs, engines, envs = [], [], []
     for _ in range(args.engines):
         port = _free_port()
         procs.append(subprocess.Popen([sys.executable, "-m", "mobilerl.models.serve_openai", args.init, "--port",
                                        str(port), "--weight-sync", "--device", "cpu", "--max-batch",
-                                       str(args.max_batch)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                       str(args.max_batch)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, preexec_fn=lower,
                                       stderr=subprocess.DEVNULL))
         engines.append(f"http://127.0.0.1:{port}/v1")
     for _ in range(args.env_servers):
@@ -311,7 +325,7 @@ def start_servers(args: argparse.Namespace, render: bool) -> tuple[list[Any], li
         procs.append(subprocess.Popen([sys.executable, "-m", "mobilerl.cli", "env", "serve", "--port", str(port),
                                        "--backend", "sim", "--size", str(args.env_workers), "--no-isolate",
                                        *(["--render"] if render else [])], env=env, cwd=ROOT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lower))
         envs.append(f"http://127.0.0.1:{port}")
     deadline = time.time() + 300
     for proc, url in zip(procs, [u.removesuffix("/v1") for u in engines] + envs, strict=True):
@@ -325,6 +339,27 @@ def start_servers(args: argparse.Namespace, render: bool) -> tuple[list[Any], li
                 raise RuntimeError(f"{url} did not start")
             time.sleep(0.3)
     return procs, engines, envs
+
+
+def ray_servers(args: argparse.Namespace, render: bool) -> tuple[Any, list[str], list[str]]:
+    """The same engines and env servers as :func:`start_servers`, started by Ray (``rl.cluster: ray``'s
+    :class:`~mobilerl.rl.ray_cluster.RayCluster`) on ``--ray-address`` (local: a one-node cluster in this process
+    declaring the GPUs and ``avd`` slots the pools ask for; the engines serve on the CPU)."""
+    from mobilerl.rl.ray_cluster import RayCluster, RayConfig
+
+    cfg = RayConfig.model_validate({
+        "address": args.ray_address, "bind": "loopback" if args.ray_address == "local" else "node",
+        "engines": {"count": args.engines, "engine": "hf", "device": "cpu", "max_batch": args.max_batch},
+        "env_servers": {"count": args.env_servers, "size": args.env_workers, "isolate": False}})
+    cluster = RayCluster(cfg, model=args.init, render=render, api_key_env=API_KEY_ENV).__enter__()
+    import psutil
+
+    nices = {psutil.Process(cluster.info(n)["server_pid"]).nice()
+             for n in [f"engine-{i}" for i in range(args.engines)] + [f"env-{i}" for i in range(args.env_servers)]}
+    if nices != {RAY_NICE}:
+        print(f"warning: Ray's servers run at niceness {sorted(nices)}, this script's at {RAY_NICE}: the comparison "
+              "is not like for like", file=sys.stderr)
+    return cluster, cluster.engines, cluster.env_servers
 
 
 class Occupancy(threading.Thread):
@@ -398,7 +433,7 @@ def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str
         cfg = RLConfig.model_validate({
             "profile": args.profile, "init": args.init, "rounds": rounds, "checkpoint_every": rounds, "seed": 0,
             "fcf": False, "tis_cap": 2.0, "lab_share": 1.0, "reward_model": "HalfJudge (a stand-in)",
-            "engines": engines, "env_servers": envs, "weight_sync": args.weight_sync,
+            "engines": engines, "env_servers": envs, "weight_sync": args.weight_sync, "engines_api_key_env": API_KEY_ENV,
             "rollout_concurrency": args.concurrency, "env_pool": {"health_interval_s": 1.0},
             "async": None if staleness is None else {"max_staleness": staleness}, "work": tmp,
             "overrides": {"train_batch_size": args.tasks, "samples_per_task": args.n, "kl_coef": 0.0,
@@ -466,32 +501,48 @@ def real_main(argv: list[str]) -> None:
     ap.add_argument("--rounds", type=int, default=6, help="asynchronous rounds")
     ap.add_argument("--rounds-sync", type=int, default=4, help="synchronous rounds")
     ap.add_argument("--staleness", type=int, nargs="+", default=[1], help="max_staleness values to run")
+    ap.add_argument("--cluster", choices=("processes", "ray"), default="processes", help=(
+        "who starts the servers: this script (processes), or Ray too (ray: the same runs again on servers that "
+        "rl.cluster ray starts, and the env utilisation of both)"))
+    ap.add_argument("--ray-address", default="local", help="with --cluster ray: the Ray cluster (local: one in this "
+                                                          "process)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
     args.init = args.init or str(ROOT / profile.weights)
     obs_mode = args.obs_mode or profile.generation.obs_mode
     os.environ["MOBILERL_ENV_TOKEN"] = TOKEN
+    os.environ[API_KEY_ENV] = "bench-async-key"
     pool = [dataclasses.replace(t, has_verifier=False, complexity=args.max_steps / 10)
             for t in list_tasks("world", "train", n=1)]
-    procs, engines, envs = start_servers(args, renders(obs_mode))
-    occupancy = Occupancy(envs)
-    occupancy.start()
-    try:
-        rows = [real_mode(args, None, engines, envs, obs_mode, pool, occupancy)]
-        rows += [real_mode(args, k, engines, envs, obs_mode, pool, occupancy) for k in args.staleness]
-    finally:
-        occupancy.halt.set()
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
+    rows = []
+    # ABBA: the first launch also warms this process (its first updates are slower), so each side gets a first
+    # and a last place and the drift cancels in the means
+    for launcher in ["processes", "ray", "ray", "processes"] if args.cluster == "ray" else ["processes"]:
+        started = (start_servers(args, renders(obs_mode), RAY_NICE if args.cluster == "ray" else 0)
+                   if launcher == "processes" else ray_servers(args, renders(obs_mode)))
+        handle, engines, envs = started
+        occupancy = Occupancy(envs)
+        occupancy.start()
+        try:
+            runs = [real_mode(args, None, engines, envs, obs_mode, pool, occupancy)]
+            runs += [real_mode(args, k, engines, envs, obs_mode, pool, occupancy) for k in args.staleness]
+        finally:
+            occupancy.halt.set()
+            if launcher == "ray":
+                handle.__exit__(None, None, None)
+            else:
+                for proc in handle:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+        rows += [{"servers": launcher, **r} for r in runs]
     if args.json:
         print(json.dumps({"args": vars(args), "obs_mode": obs_mode, "modes": rows}, indent=1))
         return
     print(f"{args.engines} engines (serve_openai, {args.profile} at {args.init}), {args.env_servers} env servers x "
           f"{args.env_workers} envs ({'rendering' if renders(obs_mode) else 'xml'}), {args.tasks} tasks x {args.n} a "
           f"round, {args.max_steps} steps at most, obs_mode {obs_mode}, weight sync {args.weight_sync}")
-    cols = [("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
+    cols = [("servers", "servers", "{}"), ("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
             ("env util", "env_util", "{:.1%}"), ("engine util", "engine_util", "{:.1%}"),
             ("env steps/s", "env_steps_per_s", "{:.2f}"), ("trained traj/s", "trained_traj_per_s", "{:.2f}"),
             ("staleness (trained)", "staleness", "{}"), ("dropped stale", "dropped_stale", "{:.0f}"),
@@ -499,10 +550,19 @@ def real_main(argv: list[str]) -> None:
             ("on-policy traj", "on_policy_trajectories", "{}"), ("step s", "step_s", "{:.2f}"),
             ("update s", "train_s", "{:.2f}")]
     _print_table(rows, cols)
+    if args.cluster == "ray":
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            ray, plain = ([r["env_util"] for r in rows if r["servers"] == who and r["mode"] == mode]
+                          for who in ("ray", "processes"))
+            a, b = sum(ray) / len(ray), sum(plain) / len(plain)
+            print(f"{mode}: env util {a:.1%} with Ray against {b:.1%} without, the mean of 2 launches each "
+                  f"({100 * (a - b):+.1f} points)")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["real"]:
         real_main(sys.argv[2:])
+    elif any(a.split("=")[0] == "--cluster" for a in sys.argv[1:]):  # who starts real servers: the real mode's
+        real_main(sys.argv[1:])
     else:
         main()

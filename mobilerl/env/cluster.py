@@ -28,6 +28,14 @@ What a failure does (an env failure is never a reward of 0: the episode ends ``e
   process may use, e.g. ``1/processes`` when several rollout processes share the servers). The pool has at most
   as many slots as the live servers' capacity, so episodes queue here, not on a server.
 
+Who starts, places and restarts the servers is not this module's business: Ray does with ``rl.cluster: ray``
+(:mod:`mobilerl.rl.ray_cluster`: an actor a server, restarted on its port), compose's restart policy on one host,
+an operator otherwise; here a server is a URL. What stays here is what no process manager can do, because it is
+about calls in flight: which server takes the next episode (the one with the most free capacity), whether a
+server answers (Ray may hold an actor alive whose server hangs, and learns of a crash after its calls failed), and
+an episode cut short when its server dies, replayed on another env; Ray restarts the process, not the device's
+state.
+
 Per-server figures (:meth:`EnvServers.take_stats`, :func:`server_metrics`): episodes, resets, steps, failures,
 busy answers, replays, times marked down and back, up at the end, and the step latency (mean, p95).
 """

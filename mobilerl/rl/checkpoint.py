@@ -24,9 +24,9 @@ import torch
 log = logging.getLogger(__name__)
 
 # where the episodes run and how the update is spread over processes do not change what is trained: a run resumes
-# with a replaced env server, or under another backend / world size / device
-NOT_FINGERPRINTED = {"env_servers", "env_pool", "trainer_backend", "deepspeed_config", "device", "state_key",
-                     "log_episodes_every"}
+# with a replaced env server or engine (Ray gives them new ports), or under another backend / world size / device
+NOT_FINGERPRINTED = {"env_servers", "env_pool", "engines", "engines_api_key_env", "cluster", "ray", "trainer_backend",
+                     "deepspeed_config", "device", "state_key", "log_episodes_every"}
 TENSORS = ("round", "model", "optimizer")  # state.pt; everything else of the state goes to state.enc
 STATE, RECORDS = "state.pt", "state.enc"
 

@@ -16,6 +16,7 @@ from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
 from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
+from mobilerl.rl.ray_cluster import RayConfig
 
 
 class AsyncConfig(BaseModel):
@@ -141,6 +142,10 @@ class RLConfig(StageConfig):
         "host:port of the trainer's broadcast group, reachable from the engines (port 0: any free port)."))
     engines_api_key_env: str | None = Field(None, description="Environment variable holding the engines' API key.")
     max_batch: int | None = Field(None, ge=1, description="Rows a rollout worker decodes together (None: profile's).")
+    cluster: Literal["ray"] | None = Field(None, description=(
+        "ray: Ray launches, places and restarts the engines, env servers and trainer ranks of rl.ray (None: the "
+        "processes are this one's, or started by hand and listed in rl.engines / rl.env_servers)."))
+    ray: RayConfig = Field(default_factory=RayConfig, description="The Ray cluster and its pools, for rl.cluster ray.")
     async_: AsyncConfig | None = Field(None, alias="async", description=(
         "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
     tis_cap: float | None = Field(None, ge=1.0, description=(
@@ -217,6 +222,23 @@ class RLConfig(StageConfig):
         clash = [f"rl.{k} ({reason})" for k, reason in why.items() if getattr(self, k) is not None]
         if self.async_ is not None and clash:
             raise ValueError(f"rl.async is not combined with {'; '.join(clash)}: use synchronous rounds")
+        return self
+
+    @model_validator(mode="after")
+    def _ray(self) -> RLConfig:
+        if self.cluster != "ray":
+            return self
+        r = self.ray
+        for key, pool in (("engines", r.engines), ("env_servers", r.env_servers)):
+            if getattr(self, key) is not None and pool is not None:
+                raise ValueError(f"rl.{key} and rl.ray.{key} both say where they run: with rl.cluster ray, leave "
+                                 f"rl.{key} null (Ray starts them and fills it in)")
+        if self.androidworld is not None:
+            raise ValueError("rl.cluster ray does not launch AndroidWorld's servers: list them in rl.androidworld.urls "
+                             "and leave rl.cluster null")
+        if (r.trainer.ranks > 1) != (self.trainer_backend != "single"):
+            raise ValueError(f"rl.ray.trainer.ranks ({r.trainer.ranks}) > 1 needs, and only it needs, "
+                             f"rl.trainer_backend ddp or deepspeed (it is {self.trainer_backend!r})")
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -106,7 +107,31 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None, 
         log_images: LogImages | None = None) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """The whole `rl` stage: train from ``cfg.init`` (resuming from ``cfg.work`` when it holds a checkpoint of
     the same config), write the policy to ``cfg.out``; returns the summary and the curve. ``log_images`` takes a
-    round's episode images (``rl.log_episodes_every``)."""
+    round's episode images (``rl.log_episodes_every``). With ``rl.cluster: ray`` the engines, env servers and
+    trainer ranks of ``rl.ray`` run as Ray actors for the run (:mod:`mobilerl.rl.ray_cluster`)."""
+    if cfg.cluster != "ray":
+        return _run(cfg, root, log_metrics, progress, log_images)
+    from mobilerl.env.factory import renders
+    from mobilerl.models.profiles import load_profile
+    from mobilerl.rl.ray_cluster import RayCluster
+
+    def rank_failed(err: BaseException) -> None:  # as a launcher does: a lost rank ends the job (it resumes)
+        log.error("rl: a trainer rank ended before rank 0: %s", err)
+        print(f"rl: a trainer rank ended before rank 0, stopping: {err}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    render = renders(load_profile(cfg.profile).generation.obs_mode)
+    with RayCluster(cfg.ray, model=root / cfg.init, render=render, token_env=cfg.env_pool.token_env,
+                    api_key_env=cfg.engines_api_key_env or "MOBILERL_API_KEY") as cluster:
+        configured = cluster.configure(cfg)
+        cluster.start_ranks(configured, root, rank_failed)
+        out = _run(configured, root, log_metrics, progress, log_images)
+        cluster.join_ranks()
+    return out
+
+
+def _run(cfg: RLConfig, root: Path, log_metrics: LogMetrics, progress: bool,
+         log_images: LogImages | None) -> tuple[dict[str, Any], list[dict[str, float]]]:
     from mobilerl.env.factory import renders
     from mobilerl.models import tiny
     from mobilerl.models.hf_backend import HFBackend
