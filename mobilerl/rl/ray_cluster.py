@@ -243,9 +243,9 @@ class RayCluster:
         try:
             if not ray.is_initialized():
                 local: dict[str, Any] = {}
-                if cfg.address == "local":  # this node declares what the pools ask for
-                    need = self._needs()
-                    local = {"address": None, "include_dashboard": False, "num_cpus": os.cpu_count() or 1,
+                if cfg.address == "local":  # this node declares what the pools ask for, and no more: Ray keeps
+                    need = self._needs()  # a worker process idling for every CPU it declares
+                    local = {"address": None, "include_dashboard": False, "num_cpus": need.pop("CPU", 0),
                              "num_gpus": need.pop("GPU", 0), "resources": need}
                 ctx = ray.init(**{"address": cfg.address, **local}, namespace=KV_NAMESPACE, log_to_driver=True,
                                configure_logging=False)
@@ -260,15 +260,14 @@ class RayCluster:
         return self
 
     def _needs(self) -> dict[str, float]:
-        """The GPUs and custom resources the pools ask for in all."""
+        """The resources the pools ask for in all."""
         c = self.config
         pools = [(p.resources, p.count) for p in (c.engines, c.env_servers) if p is not None]
         pools.append((c.trainer.resources, c.trainer.ranks - 1))
         need: dict[str, float] = {}
         for resources, n in pools:
             for k, v in resources.items():
-                if k != "CPU":
-                    need[k] = need.get(k, 0) + v * n
+                need[k] = need.get(k, 0) + v * n
         return need
 
     def __exit__(self, *exc: Any) -> None:
@@ -309,6 +308,11 @@ class RayCluster:
                                f"rl.ray.{what}")
         return pg
 
+    def _options(self, name: str, resources: dict[str, float], strategy: Any) -> dict[str, Any]:
+        """Ray actor options: this run's name for the actor, its resources, where it goes."""
+        return {"name": f"mobilerl-{self.run_id}-{name}", "num_cpus": resources.get("CPU", 0),
+                "num_gpus": resources.get("GPU", 0), "resources": _custom(resources), "scheduling_strategy": strategy}
+
     def _start(self) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -326,11 +330,9 @@ class RayCluster:
             engine_env = {**env, "MOBILERL_API_KEY": _secret(self.api_key_env)}
             for i in range(e.count):
                 name = f"engine-{i}"
-                launches[name] = (server.options(
-                    name=f"mobilerl-{self.run_id}-{name}", max_restarts=cfg.max_restarts, max_task_retries=-1,
-                    num_cpus=e.resources.get("CPU", 0), num_gpus=e.resources.get("GPU", 0),
-                    resources=_custom(e.resources),
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                launches[name] = (server.options(**self._options(
+                    name, e.resources, PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)),
+                    max_restarts=cfg.max_restarts, max_task_retries=-1,
                 ).remote(self._key(name), argv, engine_env, "/health", cfg.bind, "http://{host}:{port}/v1",
                          cfg.start_timeout_s), "engine")
         if cfg.env_servers is not None:
@@ -342,9 +344,7 @@ class RayCluster:
             for i in range(s.count):
                 name = f"env-{i}"
                 launches[name] = (server.options(
-                    name=f"mobilerl-{self.run_id}-{name}", max_restarts=cfg.max_restarts, max_task_retries=-1,
-                    num_cpus=s.resources.get("CPU", 0), num_gpus=s.resources.get("GPU", 0),
-                    resources=_custom(s.resources), scheduling_strategy="SPREAD",
+                    **self._options(name, s.resources, "SPREAD"), max_restarts=cfg.max_restarts, max_task_retries=-1,
                 ).remote(self._key(name), argv, env_env, "/health", cfg.bind, "http://{host}:{port}",
                          cfg.start_timeout_s), "env")
         self._actors = {name: a for name, (a, _) in launches.items()}
@@ -408,11 +408,10 @@ class RayCluster:
         os.environ.update(env, RANK="0")
         for i in range(1, t.ranks):
             self._ranks.append(rank.options(
-                name=f"mobilerl-{self.run_id}-rank-{i}", max_restarts=0, num_cpus=t.resources.get("CPU", 0),
-                num_gpus=t.resources.get("GPU", 0), resources=_custom(t.resources),
-                runtime_env={"env_vars": {k: os.environ[k] for k in (self.token_env, self.api_key_env)
-                                          if os.environ.get(k)}},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i - 1),
+                **self._options(f"rank-{i}", t.resources,
+                                PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i - 1)),
+                max_restarts=0, runtime_env={"env_vars": {k: os.environ[k] for k in (self.token_env, self.api_key_env)
+                                                          if os.environ.get(k)}},
             ).remote())
         payload = rl.model_dump(mode="json", by_alias=True)
         self._rank_refs = [a.run.remote(payload, str(root), {**env, "RANK": str(i)})
