@@ -345,7 +345,8 @@ def ray_servers(args: argparse.Namespace, render: bool) -> tuple[Any, list[str],
     """The same engines and env servers as :func:`start_servers`, started by Ray (``rl.cluster: ray``'s
     :class:`~mobilerl.rl.ray_cluster.RayCluster`) on ``--ray-address`` (local: a one-node cluster in this process
     declaring the GPUs and ``avd`` slots the pools ask for; the engines serve on the CPU)."""
-    from mobilerl.rl.ray_cluster import RayCluster, RayConfig
+    from mobilerl.rl.config import RayConfig
+    from mobilerl.rl.ray_cluster import RayCluster
 
     cfg = RayConfig.model_validate({
         "address": args.ray_address, "bind": "loopback" if args.ray_address == "local" else "node",

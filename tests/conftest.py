@@ -16,6 +16,7 @@ import pytest
 LONG_FILES = (
     "test_pipeline.py",
     "test_rl_trainer.py",  # its two kill -9 runs (sync, async)
+    "test_rl_ray.py",  # a two-node Ray cluster and two runs on it
 )
 FIRST_TESTS = ("test_smoke_deployment_end_to_end_and_selective_repro",)
 

@@ -22,8 +22,8 @@ from test_rl_async_remote import Judge, lab, setup, tasks
 from mobilerl.env.cluster import server_name
 from mobilerl.models.profiles import load_profile
 from mobilerl.rl.async_loop import train_async
-from mobilerl.rl.config import RLConfig
-from mobilerl.rl.ray_cluster import RayCluster, RayConfig
+from mobilerl.rl.config import RayConfig, RLConfig
+from mobilerl.rl.ray_cluster import RayCluster
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,15 @@ def _start(args: list[str], env: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """A head node with 1 GPU (declared) and a worker node with 2 `avd`; yields the head's address and node ids."""
+    import secrets
+
     from env_servers import free_port
 
+    # token auth, as docker/README.md sets it up: every node and the driver hold the cluster's token
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
+    _reload_auth()  # this process imported Ray before: its config read the mode then
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
     temp = tmp_path_factory.mktemp("ray")
     port = free_port()
@@ -53,6 +60,18 @@ def two_nodes(tmp_path_factory):
     finally:
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        _reload_auth()
+
+
+def _reload_auth() -> None:
+    """Ray's C++ side reads RAY_AUTH_MODE / RAY_AUTH_TOKEN once; read them again (as ray.init does for a new
+    local cluster)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def test_rl_cluster_ray_takes_its_pools_and_refuses_what_it_would_launch_twice():

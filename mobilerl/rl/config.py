@@ -16,7 +16,6 @@ from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
 from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
-from mobilerl.rl.ray_cluster import RayConfig
 
 
 class AsyncConfig(BaseModel):
@@ -31,6 +30,58 @@ class AsyncConfig(BaseModel):
     engine_wait_s: float = Field(300.0, gt=0, description=(
         "Seconds an episode waits for a live engine with the current weights (rl.engines) before it fails as an "
         "engine failure."))
+
+
+class _Pool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(1, ge=1, description="Actors in the pool.")
+
+
+class RayEngines(_Pool):
+    """``rl.ray.engines``: the rollout engines, one actor each."""
+
+    resources: dict[str, float] = Field(default_factory=lambda: {"GPU": 1.0}, description=(
+        "Ray resources of one engine (GPU, CPU or custom), reserved in the rollout placement group."))
+    engine: Literal["hf", "vllm"] = Field("vllm", description="serve_openai's --engine: vLLM on GPUs, HF on CPUs.")
+    device: Literal["cpu", "cuda"] = Field("cuda", description="serve_openai's --device (the HF engine).")
+    max_batch: int | None = Field(None, ge=1, description="Requests an engine decodes together (None: its default).")
+    args: list[str] = Field(default_factory=list, description="Further serve_openai arguments (e.g. --max-model-len).")
+
+
+class RayEnvServers(_Pool):
+    """``rl.ray.env_servers``: the env servers, one actor each."""
+
+    resources: dict[str, float] = Field(default_factory=lambda: {"avd": 1.0}, description=(
+        "Ray resources of one env server: a custom resource (avd) that only the env hosts declare."))
+    backend: Literal["sim", "adb"] = Field("sim", description="The env server's backend (adb: the node's AVD).")
+    size: int = Field(8, ge=1, description="Env workers of one server (its concurrent episodes).")
+    isolate: bool = Field(True, description="Each env in a process of its own inside the server (crash-safe).")
+
+
+class RayTrainer(BaseModel):
+    """``rl.ray.trainer``: the trainer's ranks (rank 0 is the driver)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ranks: int = Field(1, ge=1, description="Trainer ranks, the driver included (> 1: rl.trainer_backend ddp/deepspeed).")
+    resources: dict[str, float] = Field(default_factory=lambda: {"GPU": 1.0}, description=(
+        "Ray resources of one rank actor (ranks 1 … N−1), reserved in the training placement group."))
+
+
+class RayConfig(BaseModel):
+    """``rl.ray``: the Ray cluster and what it runs for ``rl.cluster: ray``."""
+
+    model_config = ConfigDict(extra="forbid")
+    address: str = Field("auto", description=(
+        "Ray cluster to join: auto (the one `ray start` or `ray job submit` made), a host:port, or local (a "
+        "one-node cluster started in this process)."))
+    engines: RayEngines | None = Field(None, description="Rollout engines Ray launches (None: local rollout workers).")
+    env_servers: RayEnvServers | None = Field(None, description="Env servers Ray launches (None: the in-process simulator).")
+    trainer: RayTrainer = Field(default_factory=RayTrainer, description="The trainer's ranks.")
+    max_restarts: int = Field(3, ge=0, description="Times Ray restarts one engine or env server actor.")
+    start_timeout_s: float = Field(600.0, gt=0, description=(
+        "Seconds to wait for the placement groups and for every server to answer /health."))
+    bind: Literal["node", "loopback"] = Field("node", description=(
+        "Servers listen on their node's address (node; reachable from the other nodes) or 127.0.0.1 (one host)."))
 
 
 class _Section(BaseModel):

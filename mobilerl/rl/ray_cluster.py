@@ -4,7 +4,7 @@
     ray start --address HEAD:6379 --resources '{"avd": 16}'                # an env host with 16 AVD slots
     prefect deployment run mobilerl/full --param cluster=ray               # or: ray job submit -- python -m pipelines.run --cluster ray
 
-What runs where (``rl.ray``, :class:`RayConfig`):
+What runs where (``rl.ray``, :class:`~mobilerl.rl.config.RayConfig`):
 
 - **rollout engines** (``rl.ray.engines``): ``count`` actors, each with ``resources`` (``{"GPU": 1}``), in a
   placement group of their own, each running ``python -m mobilerl.models.serve_openai --weight-sync`` (vLLM on a
@@ -43,65 +43,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 KV_NAMESPACE = "mobilerl"
-
-
-class _Pool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    count: int = Field(1, ge=1, description="Actors in the pool.")
-
-
-class RayEngines(_Pool):
-    """``rl.ray.engines``: the rollout engines, one actor each."""
-
-    resources: dict[str, float] = Field(default_factory=lambda: {"GPU": 1.0}, description=(
-        "Ray resources of one engine (GPU, CPU or custom), reserved in the rollout placement group."))
-    engine: Literal["hf", "vllm"] = Field("vllm", description="serve_openai's --engine: vLLM on GPUs, HF on CPUs.")
-    device: Literal["cpu", "cuda"] = Field("cuda", description="serve_openai's --device (the HF engine).")
-    max_batch: int | None = Field(None, ge=1, description="Requests an engine decodes together (None: its default).")
-    args: list[str] = Field(default_factory=list, description="Further serve_openai arguments (e.g. --max-model-len).")
-
-
-class RayEnvServers(_Pool):
-    """``rl.ray.env_servers``: the env servers, one actor each."""
-
-    resources: dict[str, float] = Field(default_factory=lambda: {"avd": 1.0}, description=(
-        "Ray resources of one env server: a custom resource (avd) that only the env hosts declare."))
-    backend: Literal["sim", "adb"] = Field("sim", description="The env server's backend (adb: the node's AVD).")
-    size: int = Field(8, ge=1, description="Env workers of one server (its concurrent episodes).")
-    isolate: bool = Field(True, description="Each env in a process of its own inside the server (crash-safe).")
-
-
-class RayTrainer(BaseModel):
-    """``rl.ray.trainer``: the trainer's ranks (rank 0 is the driver)."""
-
-    model_config = ConfigDict(extra="forbid")
-    ranks: int = Field(1, ge=1, description="Trainer ranks, the driver included (> 1: rl.trainer_backend ddp/deepspeed).")
-    resources: dict[str, float] = Field(default_factory=lambda: {"GPU": 1.0}, description=(
-        "Ray resources of one rank actor (ranks 1 … N−1), reserved in the training placement group."))
-
-
-class RayConfig(BaseModel):
-    """``rl.ray``: the Ray cluster and what it runs for ``rl.cluster: ray``."""
-
-    model_config = ConfigDict(extra="forbid")
-    address: str = Field("auto", description=(
-        "Ray cluster to join: auto (the one `ray start` or `ray job submit` made), a host:port, or local (a "
-        "one-node cluster started in this process)."))
-    engines: RayEngines | None = Field(None, description="Rollout engines Ray launches (None: local rollout workers).")
-    env_servers: RayEnvServers | None = Field(None, description="Env servers Ray launches (None: the in-process simulator).")
-    trainer: RayTrainer = Field(default_factory=RayTrainer, description="The trainer's ranks.")
-    max_restarts: int = Field(3, ge=0, description="Times Ray restarts one engine or env server actor.")
-    start_timeout_s: float = Field(600.0, gt=0, description=(
-        "Seconds to wait for the placement groups and for every server to answer /health."))
-    bind: Literal["node", "loopback"] = Field("node", description=(
-        "Servers listen on their node's address (node; reachable from the other nodes) or 127.0.0.1 (one host)."))
 
 
 # -- on the nodes -------------------------------------------------------------------------------------------
@@ -182,19 +128,12 @@ class Server:
 
 
 class Rank:
-    """A Ray actor running the `rl` stage as one trainer rank > 0: it joins rank 0's group and follows it."""
+    """A Ray actor running the `rl` stage (``entry``: :func:`mobilerl.rl.run.run`, handed over by reference) as one
+    trainer rank > 0: it joins rank 0's group and follows it."""
 
-    def address(self) -> str:
-        import ray
-
-        return ray.util.get_node_ip_address()
-
-    def run(self, cfg: dict[str, Any], root: str, env: dict[str, str]) -> None:
+    def run(self, entry: Callable[..., Any], cfg: Any, root: str, env: dict[str, str]) -> None:
         os.environ.update(env)
-        from mobilerl.rl.config import RLConfig
-        from mobilerl.rl.run import run
-
-        run(RLConfig.model_validate(cfg), Path(root), progress=False)
+        entry(cfg, Path(root), progress=False)
 
 
 # -- the driver ---------------------------------------------------------------------------------------------
@@ -211,14 +150,14 @@ class RayCluster:
     """The driver's side: joins the cluster, starts the actors ``config`` asks for, and stops them on exit.
 
     Args:
-        config: ``rl.ray``.
+        config: ``rl.ray`` (:class:`~mobilerl.rl.config.RayConfig`).
         model: the checkpoint the engines serve (on storage every node reads).
         render: env servers send screenshots (the policy's observation mode shows them).
         token_env / api_key_env: variables of the env servers' token and the engines' API key (made for the run
             when unset; actors get them through their runtime environment).
     """
 
-    def __init__(self, config: RayConfig, *, model: str | Path, render: bool, token_env: str = "MOBILERL_ENV_TOKEN",
+    def __init__(self, config: Any, *, model: str | Path, render: bool, token_env: str = "MOBILERL_ENV_TOKEN",
                  api_key_env: str = "MOBILERL_API_KEY") -> None:
         self.config, self.model, self.render = config, str(model), render
         self.token_env, self.api_key_env = token_env, api_key_env
@@ -390,8 +329,10 @@ class RayCluster:
 
     # -- trainer ranks ---------------------------------------------------------------------------------------
 
-    def start_ranks(self, rl: Any, root: Path, on_failure: Callable[[BaseException], None]) -> None:
-        """Ranks 1 … N−1 of ``rl.ray.trainer`` as actors running ``rl`` (configured) and this process as rank 0:
+    def start_ranks(self, entry: Callable[..., Any], rl: Any, root: Path,
+                    on_failure: Callable[[BaseException], None]) -> None:
+        """Ranks 1 … N−1 of ``rl.ray.trainer`` as actors running ``entry(rl, root)`` (the stage, ``rl``
+        configured) and this process as rank 0:
         sets this process's RANK/WORLD_SIZE/MASTER_* and starts the others, which join when rank 0 builds its
         trainer. ``on_failure`` is called (from a watcher thread) with the error of a rank that ends first."""
         import ray
@@ -413,8 +354,7 @@ class RayCluster:
                 max_restarts=0, runtime_env={"env_vars": {k: os.environ[k] for k in (self.token_env, self.api_key_env)
                                                           if os.environ.get(k)}},
             ).remote())
-        payload = rl.model_dump(mode="json", by_alias=True)
-        self._rank_refs = [a.run.remote(payload, str(root), {**env, "RANK": str(i)})
+        self._rank_refs = [a.run.remote(entry, rl, str(root), {**env, "RANK": str(i)})
                            for i, a in enumerate(self._ranks, start=1)]
 
         def watch() -> None:
@@ -442,4 +382,4 @@ def _custom(resources: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
 
 
-__all__ = ["RayCluster", "RayConfig", "RayEngines", "RayEnvServers", "RayTrainer", "Server"]
+__all__ = ["RayCluster", "Server"]
