@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -270,7 +271,7 @@ def main() -> None:
     print(f"{args.envs} envs x {args.latency} s a step (±{args.jitter:.0%}), episodes of {args.steps[0]}-{args.steps[1]} "
           f"steps, {args.tasks} tasks x {args.n} a round, update {args.train} s, {args.engines} engines "
           f"(batch {args.gen_base}+{args.gen_row}/row s), load {args.load} s")
-    cols = [("servers", "servers", "{}"), ("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
+    cols = [("mode", "mode", "{}"), ("rounds", "rounds", "{}"), ("wall s", "wall_s", "{:.1f}"),
             ("env util", "env_util", "{:.1%}"), ("env util after round 0", "env_util_steady", "{:.1%}"),
             ("env steps/s", "env_steps_per_s", "{:.1f}"), ("trained traj/s", "trained_traj_per_s", "{:.1f}"),
             ("dropped stale", "dropped_stale", "{:.0f}"), ("staleness", "staleness_mean", "{:.2f}"),
@@ -306,10 +307,10 @@ def start_servers(args: argparse.Namespace, render: bool, nice: int = 0) -> tupl
     import os
     import subprocess
 
+    import httpx
+
     def lower() -> None:
         os.nice(nice)
-
-    import httpx
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # the token and key: real_main's
     procs, engines, envs = [], [], []
@@ -341,10 +342,16 @@ def start_servers(args: argparse.Namespace, render: bool, nice: int = 0) -> tupl
     return procs, engines, envs
 
 
-def ray_servers(args: argparse.Namespace, render: bool) -> tuple[Any, list[str], list[str]]:
+def stop_servers(procs: list[Any]) -> None:
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def ray_servers(args: argparse.Namespace, render: bool, stack: contextlib.ExitStack) -> tuple[list[str], list[str]]:
     """The same engines and env servers as :func:`start_servers`, started by Ray (``rl.cluster: ray``'s
-    :class:`~mobilerl.rl.ray_cluster.RayCluster`) on ``--ray-address`` (local: a one-node cluster in this process
-    declaring the GPUs and ``avd`` slots the pools ask for; the engines serve on the CPU)."""
+    :class:`~mobilerl.rl.ray_cluster.RayCluster`, stopped with ``stack``) on ``--ray-address`` (local: a one-node
+    cluster in this process declaring the GPUs and ``avd`` slots the pools ask for; the engines serve on the CPU)."""
     from mobilerl.rl.config import RayConfig
     from mobilerl.rl.ray_cluster import RayCluster
 
@@ -352,7 +359,7 @@ def ray_servers(args: argparse.Namespace, render: bool) -> tuple[Any, list[str],
         "address": args.ray_address, "bind": "loopback" if args.ray_address == "local" else "node",
         "engines": {"count": args.engines, "engine": "hf", "device": "cpu", "max_batch": args.max_batch},
         "env_servers": {"count": args.env_servers, "size": args.env_workers, "isolate": False}})
-    cluster = RayCluster(cfg, model=args.init, render=render, api_key_env=API_KEY_ENV).__enter__()
+    cluster = stack.enter_context(RayCluster(cfg, model=args.init, render=render, api_key_env=API_KEY_ENV))
     import psutil
 
     nices = {psutil.Process(cluster.info(n)["server_pid"]).nice()
@@ -360,7 +367,7 @@ def ray_servers(args: argparse.Namespace, render: bool) -> tuple[Any, list[str],
     if nices != {RAY_NICE}:
         print(f"warning: Ray's servers run at niceness {sorted(nices)}, this script's at {RAY_NICE}: the comparison "
               "is not like for like", file=sys.stderr)
-    return cluster, cluster.engines, cluster.env_servers
+    return cluster.engines, cluster.env_servers
 
 
 class Occupancy(threading.Thread):
@@ -520,22 +527,17 @@ def real_main(argv: list[str]) -> None:
     # ABBA: the first launch also warms this process (its first updates are slower), so each side gets a first
     # and a last place and the drift cancels in the means
     for launcher in ["processes", "ray", "ray", "processes"] if args.cluster == "ray" else ["processes"]:
-        started = (start_servers(args, renders(obs_mode), RAY_NICE if args.cluster == "ray" else 0)
-                   if launcher == "processes" else ray_servers(args, renders(obs_mode)))
-        handle, engines, envs = started
-        occupancy = Occupancy(envs)
-        occupancy.start()
-        try:
+        with contextlib.ExitStack() as stack:
+            if launcher == "ray":
+                engines, envs = ray_servers(args, renders(obs_mode), stack)
+            else:
+                procs, engines, envs = start_servers(args, renders(obs_mode), RAY_NICE if args.cluster == "ray" else 0)
+                stack.callback(stop_servers, procs)
+            occupancy = Occupancy(envs)
+            occupancy.start()
+            stack.callback(occupancy.halt.set)
             runs = [real_mode(args, None, engines, envs, obs_mode, pool, occupancy)]
             runs += [real_mode(args, k, engines, envs, obs_mode, pool, occupancy) for k in args.staleness]
-        finally:
-            occupancy.halt.set()
-            if launcher == "ray":
-                handle.__exit__(None, None, None)
-            else:
-                for proc in handle:
-                    proc.terminate()
-                    proc.wait(timeout=30)
         rows += [{"servers": launcher, **r} for r in runs]
     if args.json:
         print(json.dumps({"args": vars(args), "obs_mode": obs_mode, "modes": rows}, indent=1))
