@@ -153,14 +153,19 @@ class RayCluster:
         config: ``rl.ray`` (:class:`~mobilerl.rl.config.RayConfig`).
         model: the checkpoint the engines serve (on storage every node reads).
         render: env servers send screenshots (the policy's observation mode shows them).
-        token_env / api_key_env: variables of the env servers' token and the engines' API key (made for the run
-            when unset; actors get them through their runtime environment).
+        token_env / api_key_env: variables of the env servers' token and the engines' API key in this process
+            (default: the ones the servers read; made for the run when unset; the actors get them as those).
     """
 
-    def __init__(self, config: Any, *, model: str | Path, render: bool, token_env: str = "MOBILERL_ENV_TOKEN",
-                 api_key_env: str = "MOBILERL_API_KEY") -> None:
+    def __init__(self, config: Any, *, model: str | Path, render: bool, token_env: str | None = None,
+                 api_key_env: str | None = None) -> None:
+        # here, not at import: the actors import this module, and their start should not pay for the servers'
+        from mobilerl.env.server import TOKEN_ENV
+        from mobilerl.models.serve_openai import API_KEY_ENV
+
         self.config, self.model, self.render = config, str(model), render
-        self.token_env, self.api_key_env = token_env, api_key_env
+        self.token_env, self.api_key_env = token_env or TOKEN_ENV, api_key_env or API_KEY_ENV
+        self._served_as = {"token": TOKEN_ENV, "api_key": API_KEY_ENV}  # the variables the servers read
         self.run_id = secrets.token_hex(4)
         self.engines: list[str] = []
         self.env_servers: list[str] = []
@@ -266,7 +271,7 @@ class RayCluster:
             argv = [sys.executable, "-m", "mobilerl.models.serve_openai", self.model, "--host", "{host}", "--port",
                     "{port}", "--weight-sync", "--engine", e.engine, "--device", e.device,
                     *(["--max-batch", str(e.max_batch)] if e.max_batch else []), *e.args]
-            engine_env = {**env, "MOBILERL_API_KEY": _secret(self.api_key_env)}
+            engine_env = {**env, self._served_as["api_key"]: _secret(self.api_key_env)}
             for i in range(e.count):
                 name = f"engine-{i}"
                 launches[name] = (server.options(**self._options(
@@ -279,7 +284,7 @@ class RayCluster:
             argv = [sys.executable, "-m", "mobilerl.cli", "env", "serve", "--host", "{host}", "--port", "{port}",
                     "--backend", s.backend, "--size", str(s.size), "--isolate" if s.isolate else "--no-isolate",
                     *(["--render"] if self.render else [])]
-            env_env = {**env, "MOBILERL_ENV_TOKEN": _secret(self.token_env)}
+            env_env = {**env, self._served_as["token"]: _secret(self.token_env)}
             for i in range(s.count):
                 name = f"env-{i}"
                 launches[name] = (server.options(

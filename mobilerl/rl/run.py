@@ -122,7 +122,7 @@ def run(cfg: RLConfig, root: Path, log_metrics: LogMetrics = lambda m, r: None, 
 
     render = renders(load_profile(cfg.profile).generation.obs_mode)
     with RayCluster(cfg.ray, model=root / cfg.init, render=render, token_env=cfg.env_pool.token_env,
-                    api_key_env=cfg.engines_api_key_env or "MOBILERL_API_KEY") as cluster:
+                    api_key_env=cfg.engines_api_key_env) as cluster:
         configured = cluster.configure(cfg)
         cluster.start_ranks(run, configured, root, rank_failed)
         out = _run(configured, root, log_metrics, progress, log_images)
