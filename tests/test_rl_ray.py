@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ def _start(args: list[str], env: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
+def two_nodes():
     """A head node with 1 GPU (declared) and a worker node with 2 `avd`; yields the head's address and node ids."""
     import secrets
 
@@ -49,7 +50,9 @@ def two_nodes(tmp_path_factory):
     os.environ.update(auth)
     _reload_auth()  # this process imported Ray before: its config read the mode then
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    temp = tmp_path_factory.mktemp("ray")
+    # short: Ray's sockets live under it, and an AF_UNIX path has at most 107 bytes (pytest's tmp paths under xdist
+    # reach that)
+    temp = Path(tempfile.mkdtemp(prefix="mlrl-ray-", dir="/tmp"))
     port = free_port()
     _start(["--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "1", "--include-dashboard", "false",
             "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp)], env)
