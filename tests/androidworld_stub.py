@@ -352,3 +352,15 @@ class Served:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+if __name__ == "__main__":  # the stand-in as a process of its own, as a launcher starts AndroidWorld's server
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    uvicorn.run(standin_app(), host=args.host, port=args.port, log_level="warning")

@@ -149,6 +149,8 @@ def test_config_errors_name_their_keys(monkeypatch, tmp_path):
             "urls": ["http://a:5000"], "max_steps": 0}})
     with pytest.raises(ParamsError, match=r"evaluate\.androidworld \(the servers' URLs\) is needed by"):
         validate_section("evaluate", EvaluateConfig, {"suites": ["androidworld"]})
+    with pytest.raises(ParamsError, match=r"evaluate\.androidworld\.urls: empty"):
+        validate_section("evaluate", EvaluateConfig, {"suites": ["androidworld"], "androidworld": {}})
     with pytest.raises(ParamsError, match=r"rl\.androidworld \(the servers' URLs\) is needed by"):
         validate_section("rl", RLConfig, {"androidworld": {"urls": ["http://a:5000"]}})
     aw = {"urls": ["http://a:5000"]}
@@ -160,7 +162,7 @@ def test_config_errors_name_their_keys(monkeypatch, tmp_path):
     with pytest.raises(ParamsError, match=r"rl\.profile: 'tiny' reads the UI tree only"):
         validate_section("rl", RLConfig, {"suite": "androidworld", "androidworld": aw, "rollout_processes": 1})
     screenshot_profile(monkeypatch, tmp_path)
-    with pytest.raises(ParamsError, match=r"rl\.rollout_processes \(2\) > the 1 server\(s\)"):
+    with pytest.raises(ParamsError, match=r"rl\.rollout_processes \(2\) > the 1 AndroidWorld server\(s\)"):
         validate_section("rl", RLConfig, {"suite": "androidworld", "androidworld": aw, "profile": "tiny_shots"})
     with pytest.raises(ParamsError, match=r"rl\.androidworld and rl\.env_servers"):
         validate_section("rl", RLConfig, {"suite": "androidworld", "androidworld": aw, "profile": "tiny_shots",

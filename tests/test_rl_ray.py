@@ -2,7 +2,8 @@
 makes one (`ray start --head`, then `ray start --address` with other resources): the engine lands on the node
 with GPUs (declared: it serves on the CPU), the env servers on the node with the `avd` resource; an env server's
 actor killed mid-round is restarted by Ray on its port and rejoins; the run finishes and nothing its death cut
-short is scored. Every Ray test is in this file: `ray stop` would stop another worker's cluster."""
+short is scored. AndroidWorld's servers (the stand-in as processes) likewise, and `ray job submit` runs the stage
+on them. Every Ray test is in this file: `ray stop` would stop another worker's cluster."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from test_rl_async_remote import Judge, lab, setup, tasks
@@ -37,9 +39,14 @@ def _start(args: list[str], env: dict[str, str]) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+class Nodes(NamedTuple):
+    address: str  # the head's GCS, host:port
+    dashboard: str  # its dashboard (the jobs API), http://127.0.0.1:port
+
+
 @pytest.fixture(scope="module")
 def two_nodes():
-    """A head node with 1 GPU (declared) and a worker node with 2 `avd`; yields the head's address and node ids."""
+    """A head node with 1 GPU (declared) and the dashboard, and a worker node with 2 `avd`."""
     import secrets
 
     from env_servers import free_port
@@ -53,13 +60,14 @@ def two_nodes():
     # short: Ray's sockets live under it, and an AF_UNIX path has at most 107 bytes (pytest's tmp paths under xdist
     # reach that)
     temp = Path(tempfile.mkdtemp(prefix="mlrl-ray-", dir="/tmp"))
-    port = free_port()
-    _start(["--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "1", "--include-dashboard", "false",
-            "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp)], env)
+    port, dashboard = free_port(), free_port()
+    _start(["--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "1", "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(dashboard), "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp)],
+           env)
     address = f"{ray.util.get_node_ip_address()}:{port}"
     try:
         _start(["--address", address, "--num-cpus", "1", "--resources", json.dumps({"avd": 2})], env)
-        yield address
+        yield Nodes(address, f"http://127.0.0.1:{dashboard}")
     finally:
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
@@ -86,6 +94,17 @@ def test_rl_cluster_ray_takes_its_pools_and_refuses_what_it_would_launch_twice()
         RLConfig.model_validate({"cluster": "ray", "ray": {"trainer": {"ranks": 2}}})
     with pytest.raises(ValueError, match="count"):
         RayConfig.model_validate({"env_servers": {"count": 0}})
+    aw = {"cluster": "ray", "suite": "androidworld", "profile": "vl_smoke", "rollout_processes": 1,
+          "ray": {"androidworld": {"count": 2, "command": ["serve", "--port", "{port}"]}}}
+    assert RLConfig.model_validate({**aw, "androidworld": {}}).androidworld.urls == []  # Ray fills them in
+    with pytest.raises(ValueError, match="rl.androidworld without urls"):
+        RLConfig.model_validate({**aw, "androidworld": {"urls": ["http://a:5000"]}})
+    with pytest.raises(ValueError, match="rl.androidworld.urls: empty"):
+        RLConfig.model_validate({**aw, "cluster": None, "androidworld": {}})
+    with pytest.raises(ValueError, match=r"rl.rollout_processes \(3\) > the 2 AndroidWorld"):
+        RLConfig.model_validate({**aw, "androidworld": {}, "rollout_processes": 3})
+    with pytest.raises(ValueError, match=r"\{port\}"):
+        RayConfig.model_validate({"androidworld": {"command": ["serve"]}})
 
 
 @pytest.mark.slow
@@ -97,7 +116,7 @@ def test_two_nodes_place_engine_and_env_servers_by_resource_and_a_killed_env_act
     monkeypatch.setenv("MOBILERL_API_KEY", "ray-test-key")  # the engine's, handed to its actor
     init = ROOT / load_profile("tiny").weights
     ray_cfg = RayConfig.model_validate({
-        "address": two_nodes, "bind": "node", "max_restarts": 2, "start_timeout_s": 180,
+        "address": two_nodes.address, "bind": "node", "max_restarts": 2, "start_timeout_s": 180,
         "engines": {"count": 1, "engine": "hf", "device": "cpu", "max_batch": 8},
         "env_servers": {"count": 2, "size": 2, "isolate": False}})
     rounds = 4
@@ -150,12 +169,15 @@ def test_two_nodes_place_engine_and_env_servers_by_resource_and_a_killed_env_act
 DRIVER = """
 import json, os, sys
 from pathlib import Path
+from typing import NamedTuple
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.run import run
-cfg = RLConfig.model_validate(json.loads(sys.argv[1]))
-summary, curve = run(cfg, Path(sys.argv[2]), progress=False)
-print("RESULT " + json.dumps({"summary": summary, "rounds": [c["round"] for c in curve],
-                              "world": os.environ.get("WORLD_SIZE"), "engines": curve[-1].get("engines/up")}))
+if __name__ == "__main__":  # as a file (ray job submit), the rollout processes (spawned) import it again
+    cfg = RLConfig.model_validate(json.loads(sys.argv[1]))
+    summary, curve = run(cfg, Path(sys.argv[2]), progress=False)
+    print("RESULT " + json.dumps({"summary": summary, "rounds": [c["round"] for c in curve],
+                                  "world": os.environ.get("WORLD_SIZE"), "engines": curve[-1].get("engines/up"),
+                                  "episodes": curve[-1]["rollout/episodes"]}))
 """
 
 
@@ -171,7 +193,7 @@ def test_the_rl_stage_under_ray_runs_its_second_trainer_rank_as_an_actor(two_nod
     cfg = {"profile": "tiny", "init": str(init), "out": str(tmp_path / "out"), "work": str(tmp_path / "work"),
            "rounds": 2, "checkpoint_every": 1, "fcf": False, "rollout_concurrency": 2, "cluster": "ray",
            "trainer_backend": "ddp", "state_key": str(tmp_path / "state.key"), "async": {"max_staleness": 1},
-           "ray": {"address": two_nodes, "start_timeout_s": 180,
+           "ray": {"address": two_nodes.address, "start_timeout_s": 180,
                    "engines": {"engine": "hf", "device": "cpu", "max_batch": 8},
                    "env_servers": {"size": 2, "isolate": False}, "trainer": {"ranks": 2, "resources": {"CPU": 1}}},
            "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 8}}
@@ -184,3 +206,69 @@ def test_the_rl_stage_under_ray_runs_its_second_trainer_rank_as_an_actor(two_nod
     assert result["rounds"] == [0, 1] and result["world"] == "2" and result["engines"] == 1.0
     assert (tmp_path / "out" / "curriculum.json").is_file() and result["summary"]["rounds"] == 2
     assert "ray: engine-0 at http://" in out.stdout and "ray: env-0 at http://" in out.stdout
+
+
+def _androidworld_pool(count: int) -> dict:
+    """rl.ray.androidworld over the tests' AndroidWorld stand-in, a process per actor as AndroidWorld's server is."""
+    stub = ROOT / "tests" / "androidworld_stub.py"
+    return {"count": count, "command": [sys.executable, str(stub), "--host", "{host}", "--port", "{port}"]}
+
+
+@pytest.mark.slow
+def test_androidworld_servers_run_as_actors_on_the_avd_node_and_a_killed_one_comes_back(two_nodes):
+    from test_androidworld_backend import Scripted
+
+    from mobilerl.env.androidworld import androidworld_tasks
+    from mobilerl.env.factory import env_factory
+    from mobilerl.eval.runner import evaluate_sync
+
+    ray_cfg = RayConfig.model_validate({"address": two_nodes.address, "start_timeout_s": 120,
+                                        "androidworld": _androidworld_pool(2)})
+    rl_in = RLConfig.model_validate({"cluster": "ray", "suite": "androidworld", "profile": "vl_smoke",
+                                     "rollout_processes": 1, "androidworld": {"max_steps": 3, "timeout_s": 30},
+                                     "ray": ray_cfg.model_dump()})
+    assert rl_in.androidworld.urls == []
+    with RayCluster(ray_cfg, model=ROOT / "models" / "tiny-base", render=True) as cluster:
+        nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+        infos = {f"androidworld-{i}": cluster.info(f"androidworld-{i}") for i in range(2)}
+        assert all("avd" in nodes[i["node"]] for i in infos.values())
+        rl = cluster.configure(rl_in)
+        assert rl.androidworld.urls == cluster.androidworld == [i["url"] for i in infos.values()]
+        tasks = androidworld_tasks(rl.androidworld, "train", per_type=1)
+        assert len(tasks) == 3
+        # the server dies: its actor ends, Ray starts another, which binds the same port
+        os.kill(infos["androidworld-0"]["server_pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while not (after := cluster.info("androidworld-0", timeout=90))["restarted"]:
+            assert time.monotonic() < deadline, "Ray did not restart the AndroidWorld server's actor"
+            time.sleep(0.5)
+        assert after["url"] == infos["androidworld-0"]["url"] and after["pid"] != infos["androidworld-0"]["pid"]
+        make = env_factory("androidworld", obs_mode="screenshot", androidworld=rl.androidworld)
+        trajs = evaluate_sync(lambda seed: Scripted(), tasks, env_factory=make, concurrency=2, progress=False)
+    # an episode on each server, the restarted one first (the lease's order): every one solved
+    assert all(t.error is None and t.success for t in trajs), [(t.task_id, t.error) for t in trajs]
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_the_rl_stage_on_androidworld_servers_ray_launched(two_nodes, tmp_path):
+    """`ray job submit` (the jobs API of the head's dashboard) runs the stage's `run` as the job's driver, which
+    joins the cluster (address auto) and has Ray start AndroidWorld's servers on the `avd` node; one round of
+    the vl_smoke model (Qwen2.5-VL class, screenshots) on them."""
+    from mobilerl.models.random_init import ensure_weights
+
+    init = ensure_weights(load_profile("vl_smoke"))
+    cfg = {"profile": "vl_smoke", "init": str(init), "out": str(tmp_path / "out"), "work": str(tmp_path / "work"),
+           "rounds": 1, "fcf": False, "suite": "androidworld", "rollout_processes": 1, "cluster": "ray",
+           "state_key": str(tmp_path / "state.key"), "androidworld": {"max_steps": 2, "timeout_s": 30},
+           "ray": {"address": "auto", "start_timeout_s": 120, "androidworld": _androidworld_pool(2)},
+           "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 8}}
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    out = subprocess.run([RAY, "job", "submit", "--address", two_nodes.dashboard, "--", sys.executable, str(driver),
+                          json.dumps(cfg), str(tmp_path)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=420)
+    assert out.returncode == 0 and "succeeded" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["rounds"] == [0] and result["summary"]["pool"] == 6  # the suite the servers listed
+    assert result["episodes"] == 4  # 2 tasks x 2 samples, on the servers Ray started
+    assert "ray: androidworld-0 at http://" in out.stdout and "ray: androidworld-1 at http://" in out.stdout

@@ -57,8 +57,9 @@ class AndroidWorldConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    urls: list[str] = Field(..., description=(
-        "AndroidWorld servers (its server/android_server.py, one emulator each) as http(s)://host:port."))
+    urls: list[str] = Field([], description=(
+        "AndroidWorld servers (its server/android_server.py, one emulator each) as http(s)://host:port (empty: "
+        "the ones rl.ray.androidworld launches)."))
     n_task_combinations: int = Field(2, ge=1, description="Instances of every task type in the suite the servers hold.")
     seed: int = Field(42, description="Seed of the suite's task parameters (the same on every server).")
     task_family: str = Field("android_world", description="AndroidWorld task family of the suite.")
@@ -72,7 +73,7 @@ class AndroidWorldConfig(BaseModel):
     @field_validator("urls")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
-        return check_server_urls(v, "androidworld.urls")
+        return check_server_urls(v, "androidworld.urls") if v else v
 
     @field_validator("max_steps_by_type")
     @classmethod

@@ -44,6 +44,8 @@ def _check(backend: str, obs_mode: str, androidworld: AndroidWorldConfig | None 
     if (backend == "androidworld") != (androidworld is not None):
         raise ValueError("the androidworld config (its server URLs) is needed by, and only by, env backend "
                          f"androidworld (backend {backend!r})")
+    if androidworld is not None and not androidworld.urls:
+        raise ValueError("androidworld.urls: empty; the androidworld backend needs its servers' URLs")
     return renders(obs_mode)
 
 

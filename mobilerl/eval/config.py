@@ -100,6 +100,8 @@ class EvaluateConfig(StageConfig):
         if (ANDROIDWORLD in self.suites) != (self.androidworld is not None):
             raise ValueError("evaluate.androidworld (the servers' URLs) is needed by, and only by, the androidworld "
                              f"suite in evaluate.suites (suites: {self.suites})")
+        if self.androidworld is not None and not self.androidworld.urls:
+            raise ValueError("evaluate.androidworld.urls: empty; list AndroidWorld's servers")
         return self
 
 

@@ -58,6 +58,26 @@ class RayEnvServers(_Pool):
     isolate: bool = Field(True, description="Each env in a process of its own inside the server (crash-safe).")
 
 
+class RayAndroidWorld(_Pool):
+    """``rl.ray.androidworld``: AndroidWorld's servers (its ``server/android_server.py``, one emulator each), one
+    actor each; ``rl.androidworld`` gives the suite, Ray its ``urls``."""
+
+    resources: dict[str, float] = Field(default_factory=lambda: {"avd": 1.0}, description=(
+        "Ray resources of one server: the custom resource (avd) of the hosts with an emulator for it."))
+    command: list[str] = Field(..., min_length=1, description=(
+        "The server's command line, {host} and {port} filled in per actor (e.g. python -m uvicorn "
+        "server.android_server:app --host {host} --port {port})."))
+    cwd: str | None = Field(None, description="Directory the command runs in (the android_world checkout; None: Ray's).")
+    env: dict[str, str] = Field({}, description="Environment variables the server gets over the node's.")
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, v: list[str]) -> list[str]:
+        if not any("{port}" in a for a in v):
+            raise ValueError("the command must take its port as {port} (Ray picks one per actor)")
+        return v
+
+
 class RayTrainer(BaseModel):
     """``rl.ray.trainer``: the trainer's ranks (rank 0 is the driver)."""
 
@@ -76,6 +96,8 @@ class RayConfig(BaseModel):
         "one-node cluster started in this process)."))
     engines: RayEngines | None = Field(None, description="Rollout engines Ray launches (None: local rollout workers).")
     env_servers: RayEnvServers | None = Field(None, description="Env servers Ray launches (None: the in-process simulator).")
+    androidworld: RayAndroidWorld | None = Field(None, description=(
+        "AndroidWorld servers Ray launches, for rl.suite androidworld (None: rl.androidworld.urls lists them)."))
     trainer: RayTrainer = Field(default_factory=RayTrainer, description="The trainer's ranks.")
     max_restarts: int = Field(3, ge=0, description="Times Ray restarts one engine or env server actor.")
     start_timeout_s: float = Field(600.0, gt=0, description=(
@@ -249,9 +271,14 @@ class RLConfig(StageConfig):
         if self.lab_share > 0:
             raise ValueError("rl.lab_share > 0 with rl.suite androidworld: lab/train tasks run on the simulator, "
                              "this run's episodes on AndroidWorld's servers")
-        if not self.engines and self.rollout_processes > len(self.androidworld.urls):
-            raise ValueError(f"rl.rollout_processes ({self.rollout_processes}) > the {len(self.androidworld.urls)} "
-                             "server(s) of rl.androidworld.urls: each rollout process needs servers of its own")
+        by_ray = self.ray.androidworld if self.cluster == "ray" else None
+        if not self.androidworld.urls and by_ray is None:
+            raise ValueError("rl.androidworld.urls: empty; list AndroidWorld's servers, or have Ray launch them "
+                             "(rl.cluster ray, rl.ray.androidworld)")
+        n = by_ray.count if by_ray is not None else len(self.androidworld.urls)
+        if not self.engines and self.rollout_processes > n:
+            raise ValueError(f"rl.rollout_processes ({self.rollout_processes}) > the {n} AndroidWorld server(s) of "
+                             "rl.androidworld: each rollout process needs servers of its own")
         try:
             obs_mode = load_profile(self.profile).generation.obs_mode
         except KeyError as e:
@@ -284,9 +311,9 @@ class RLConfig(StageConfig):
             if getattr(self, key) is not None and pool is not None:
                 raise ValueError(f"rl.{key} and rl.ray.{key} both say where they run: with rl.cluster ray, leave "
                                  f"rl.{key} null (Ray starts them and fills it in)")
-        if self.androidworld is not None:
-            raise ValueError("rl.cluster ray does not launch AndroidWorld's servers: list them in rl.androidworld.urls "
-                             "and leave rl.cluster null")
+        if r.androidworld is not None and (self.androidworld is None or self.androidworld.urls):
+            raise ValueError("rl.ray.androidworld launches the servers of rl.androidworld, which gives their suite: "
+                             "set rl.suite androidworld and rl.androidworld without urls (Ray fills them in)")
         if (r.trainer.ranks > 1) != (self.trainer_backend != "single"):
             raise ValueError(f"rl.ray.trainer.ranks ({r.trainer.ranks}) > 1 needs, and only it needs, "
                              f"rl.trainer_backend ddp or deepspeed (it is {self.trainer_backend!r})")

@@ -12,12 +12,14 @@ What runs where (``rl.ray``, :class:`~mobilerl.rl.config.RayConfig`):
 - **env servers** (``rl.ray.env_servers``): ``count`` actors, each with ``resources`` (a custom ``avd`` resource the
   env hosts declare), spread over the nodes that have it, each running ``mobilerl env serve`` (the simulator, or
   ``adb`` next to an AVD);
+- **AndroidWorld servers** (``rl.ray.androidworld``): ``count`` actors, like the env servers, each running the
+  ``command`` given (AndroidWorld's ``server/android_server.py`` next to its emulator), for ``rl.suite androidworld``;
 - **trainer ranks** (``rl.ray.trainer``): rank 0 is this process (the driver, which runs the loop and logs to
   MLflow; ``ray job submit --entrypoint-num-gpus 1`` gives it its GPU); ranks 1 … N−1 are actors in a placement
   group apart from the engines', joined to rank 0's torch.distributed group (``rl.trainer_backend`` ddp or
   deepspeed), never restarted: a rank lost ends the run, which resumes from its last checkpoint.
 
-Their addresses go into ``rl.engines`` and ``rl.env_servers``, and from there the same code paths as servers
+Their addresses go into ``rl.engines``, ``rl.env_servers`` and ``rl.androidworld.urls``, and from there the same code paths as servers
 started by hand (:mod:`mobilerl.rl.engine`, :mod:`mobilerl.rl.async_engines`, :mod:`mobilerl.env.cluster`):
 the HTTP protocols, the weight sync, the health checks and the replay of an episode whose server died.
 
@@ -83,7 +85,7 @@ class Server:
     when the process does (Ray then restarts it)."""
 
     def __init__(self, key: str, argv: list[str], env: dict[str, str], health: str, bind: str,
-                 scheme: str, timeout_s: float) -> None:
+                 scheme: str, timeout_s: float, cwd: str | None = None) -> None:
         import httpx
         import ray
         from ray.experimental import internal_kv
@@ -99,7 +101,7 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen([a.format(host=host, port=port) for a in argv], env={**os.environ, **env},
-                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, cwd=cwd)
         self.url = scheme.format(host=host, port=port)
         root = self.url.removesuffix("/v1")
         deadline = time.monotonic() + timeout_s
@@ -169,6 +171,7 @@ class RayCluster:
         self.run_id = secrets.token_hex(4)
         self.engines: list[str] = []
         self.env_servers: list[str] = []
+        self.androidworld: list[str] = []
         self.dashboard: str | None = None
         self._actors: dict[str, Any] = {}  # name -> handle (servers)
         self._ranks: list[Any] = []
@@ -206,7 +209,7 @@ class RayCluster:
     def _needs(self) -> dict[str, float]:
         """The resources the pools ask for in all."""
         c = self.config
-        pools = [(p.resources, p.count) for p in (c.engines, c.env_servers) if p is not None]
+        pools = [(p.resources, p.count) for p in (c.engines, c.env_servers, c.androidworld) if p is not None]
         pools.append((c.trainer.resources, c.trainer.ranks - 1))
         need: dict[str, float] = {}
         for resources, n in pools:
@@ -291,10 +294,19 @@ class RayCluster:
                     **self._options(name, s.resources, "SPREAD"), max_restarts=cfg.max_restarts, max_task_retries=-1,
                 ).remote(self._key(name), argv, env_env, "/health", cfg.bind, "http://{host}:{port}",
                          cfg.start_timeout_s), "env")
+        if cfg.androidworld is not None:
+            a = cfg.androidworld
+            for i in range(a.count):
+                name = f"androidworld-{i}"
+                launches[name] = (server.options(
+                    **self._options(name, a.resources, "SPREAD"), max_restarts=cfg.max_restarts, max_task_retries=-1,
+                ).remote(self._key(name), a.command, {**env, **a.env}, "/health", cfg.bind, "http://{host}:{port}",
+                         cfg.start_timeout_s, a.cwd), "androidworld")
         self._actors = {name: a for name, (a, _) in launches.items()}
         infos = self._infos(list(self._actors), cfg.start_timeout_s)
         self.engines = [infos[n]["url"] for n, (_, k) in launches.items() if k == "engine"]
         self.env_servers = [infos[n]["url"] for n, (_, k) in launches.items() if k == "env"]
+        self.androidworld = [infos[n]["url"] for n, (_, k) in launches.items() if k == "androidworld"]
         for n, info in infos.items():
             print(f"ray: {n} at {info['url']} (node {info['node'][:8]})", flush=True)
 
@@ -313,12 +325,12 @@ class RayCluster:
 
     def info(self, name: str, timeout: float = 60.0) -> dict[str, Any]:
         """``url``, ``node``, ``pid`` (the actor's), ``server_pid`` and ``restarted`` of actor ``name`` (engine-i,
-        env-i); waits while Ray restarts it."""
+        env-i, androidworld-i); waits while Ray restarts it."""
         return self._infos([name], timeout)[name]
 
     def configure(self, rl: Any) -> Any:
-        """``rl`` (an :class:`~mobilerl.rl.config.RLConfig`) with the actors' addresses in ``engines`` and
-        ``env_servers``, the secrets' variables named, and the broadcast weight sync on this node's address."""
+        """``rl`` (an :class:`~mobilerl.rl.config.RLConfig`) with the actors' addresses in ``engines``,
+        ``env_servers`` and ``androidworld.urls``, the secrets' variables named, and the broadcast weight sync on this node's address."""
         import ray
 
         update: dict[str, Any] = {"cluster": None}
@@ -330,6 +342,8 @@ class RayCluster:
         if self.env_servers:
             update["env_servers"] = self.env_servers
             update["env_pool"] = rl.env_pool.model_copy(update={"token_env": self.token_env})
+        if self.androidworld:
+            update["androidworld"] = rl.androidworld.model_copy(update={"urls": self.androidworld})
         return rl.model_copy(update=update)
 
     # -- trainer ranks ---------------------------------------------------------------------------------------
