@@ -7,7 +7,8 @@ skipped by DVC itself. The flow opens the MLflow parent run; stage processes log
 
 Parameters choose a preset (``configs/presets/<name>.yaml``: params.yaml overrides; none: params.yaml as
 is), a ``cluster`` (``configs/clusters/<name>.yaml``: the env servers the `rl` stage runs its episodes on, e.g.
-``local`` for docker/compose.yaml's RL cluster; none: the in-process simulator) and extra ``overrides``
+``local`` for docker/compose.yaml's RL cluster, ``ray`` for a Ray cluster that launches them; none: the in-process
+simulator) and extra ``overrides``
 (``{"evaluate.n_trials": 8}``), applied in that order. A run with ``isolated=True`` (the ``smoke``
 deployment) works in a temporary copy of the repository, so its overrides never touch the workspace;
 otherwise the overrides are written into ``params.yaml`` (as ``dvc exp run --set-param`` does), so

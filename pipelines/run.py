@@ -11,7 +11,7 @@ from pipelines.flow import mobilerl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", help="a run preset, configs/presets/<name>.yaml (smoke); none: params.yaml as is")
-    ap.add_argument("--cluster", help="env servers for the rl stage, configs/clusters/<name>.yaml (local, docker)")
+    ap.add_argument("--cluster", help="where the rl stage runs its servers: configs/clusters/<name>.yaml (local, ray)")
     ap.add_argument("--stages", nargs="+", help="only these stages (and what they depend on); default: all")
     ap.add_argument("--isolated", action="store_true", help="run in a temporary copy of the repository")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
