@@ -187,7 +187,7 @@ class SimTrainer(Trainer):
 def run_mode(args: argparse.Namespace, staleness: int | None, pool: list[TaskSpec]) -> dict[str, Any]:
     rounds = args.rounds_sync if staleness is None else args.rounds
     cfg = RLConfig.model_validate({
-        "rounds": rounds, "checkpoint_every": rounds, "seed": 0, "tis_cap": 2.0,
+        "rounds": rounds, "checkpoint_every": rounds, "seed": 0, "algo": {"tis_cap": 2.0},
         "async": None if staleness is None else {"max_staleness": staleness},
         "overrides": {"train_batch_size": args.tasks, "samples_per_task": args.n, "kl_coef": 0.0}})
     trainer = SimTrainer(cfg, torch.nn.Linear(64, 64), lambda req: [1] * 300, 0, PromptFormat())
@@ -440,7 +440,7 @@ def real_mode(args: argparse.Namespace, staleness: int | None, engines: list[str
     with tempfile.TemporaryDirectory(prefix="mobilerl-bench-async-") as tmp:
         cfg = RLConfig.model_validate({
             "profile": args.profile, "init": args.init, "rounds": rounds, "checkpoint_every": rounds, "seed": 0,
-            "fcf": False, "tis_cap": 2.0, "lab_share": 1.0, "reward_model": "HalfJudge (a stand-in)",
+            "fcf": False, "algo": {"tis_cap": 2.0}, "lab_share": 1.0, "reward_model": "HalfJudge (a stand-in)",
             "engines": engines, "env_servers": envs, "weight_sync": args.weight_sync, "engines_api_key_env": API_KEY_ENV,
             "rollout_concurrency": args.concurrency, "env_pool": {"health_interval_s": 1.0},
             "async": None if staleness is None else {"max_staleness": staleness}, "work": tmp,

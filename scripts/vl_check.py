@@ -85,7 +85,7 @@ def engine_args(cpu: bool) -> list[str]:
 def rl_config(plan: dict[str, Any], engine: str, env_servers: list[str], device: str) -> dict[str, Any]:
     return {"profile": plan["profile"], "init": plan["ckpt"], "out": "out", "work": "work", "rounds": 2,
             "checkpoint_every": 1, "suite": "world", "templates_max_steps": None, "tasks_per_template": None,
-            "async": {"max_staleness": 1}, "tis_cap": 2.0, "engines": [engine], "env_servers": env_servers,
+            "async": {"max_staleness": 1}, "algo": {"tis_cap": 2.0}, "engines": [engine], "env_servers": env_servers,
             "env_pool": {"health_interval_s": 1.0, "wait_for_server_s": 60}, "device": device,
             "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 16}}
 

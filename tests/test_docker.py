@@ -157,7 +157,7 @@ def test_cluster_files_name_the_compose_env_servers():
     assert docker["rl.engines_api_key_env"] in rollout["environment"]
     assert docker["rl.engines_api_key_env"] in COMPOSE["services"]["trainer"]["environment"]
     assert all("--render" in COMPOSE["services"][n]["command"] for n in SIMENVS)  # screenshots for the VLMs
-    assert docker["rl.async"] == {"max_staleness": 1} and docker["rl.tis_cap"] == 2.0  # the released setting
+    assert docker["rl.async"] == {"max_staleness": 1} and docker["rl.algo"] == {"tis_cap": 2.0}  # the released setting
 
 
 def _compose() -> tuple[list[str], dict[str, str]] | None:

@@ -305,7 +305,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         # rl again, asynchronously: both modes ran their rounds on screenshots (a screenshot-less policy stops a
         # round with its error), within the staleness bound
         sync_curve = (data / "checkpoints" / "adagrpo.curve.jsonl").read_text()
-        apply_overrides(work / "params.yaml", {"rl.async": {"max_staleness": 1}, "rl.tis_cap": 2.0})
+        apply_overrides(work / "params.yaml", {"rl.async": {"max_staleness": 1}, "rl.algo": {"tis_cap": 2.0}})
         subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", "rl"], cwd=work, env=env,
                        capture_output=True, text=True, check=True)
         for text, mode in ((sync_curve, "sync"), ((data / "checkpoints" / "adagrpo.curve.jsonl").read_text(), "async")):

@@ -18,7 +18,7 @@ def test_profiles_parse_and_follow_the_paper():
         assert (p.image_max_pixels, p.image_min_pixels) == (5_000_000, 65_536)  # Table 4
         assert (p.sft.learning_rate, p.sft.min_lr, p.sft.num_train_epochs, p.sft.packing) == (1e-5, 1e-6, 2, True)
         assert (p.rl.learning_rate, p.rl.kl_coef, p.rl.samples_per_task) == (1e-6, 0.001, 16)
-        assert (p.rl.adapr_buffer_size, p.rl.adapr_kappa, p.rl.spa_alpha) == (256, 0.25, 1.0)
+        assert (p.rl.adapr_buffer_size, p.rl.adapr_kappa) == (256, 0.25)
         assert json.loads((ROOT / p.sft.deepspeed).read_text())["zero_optimization"]["stage"] == 3
     assert load_profile("qwen2_5_vl_7b").template == "qwen2_vl"
     assert load_profile("glm4_1v_9b").template == "glm4v"

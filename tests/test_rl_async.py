@@ -1,4 +1,4 @@
-"""The asynchronous RL mode (rl.async) and truncated importance sampling (rl.tis_cap): staleness honoured and every
+"""The asynchronous RL mode (rl.async) and truncated importance sampling (rl.algo.tis_cap): staleness honoured and every
 dropped trajectory counted, the admission bound, per-worker weight refresh, resume, the TIS weight and its use in
 the update, and the stage run end to end through spawned workers."""
 
@@ -157,7 +157,7 @@ def test_update_takes_the_ratio_against_pi_old_and_weights_by_the_truncated_gap(
         current = rows_logprobs(backend.model, collate([row], backend.pad_id), 1.0)[0][0].tolist()
 
     def stats(shift: float, cap: float | None) -> dict[str, float]:
-        cfg = RLConfig(tis_cap=cap, overrides={"kl_coef": 0.0, "learning_rate": 1e-9})
+        cfg = RLConfig(algo={"tis_cap": cap}, overrides={"kl_coef": 0.0, "learning_rate": 1e-9})
         model = copy.deepcopy(backend.model)  # a fresh copy per case: an update steps its weights
         trainer = Trainer(cfg, model, backend.prompt_ids, backend.pad_id, PromptFormat())
         stale = dataclasses.replace(row, behaviour_logprobs=[lp - shift for lp in current], on_policy=False)
@@ -242,7 +242,7 @@ def test_async_keeps_stale_trajectories_within_k_and_the_sync_default_is_unchang
     assert [x.split(":")[0] for x in lines] == [f"adagrpo-async round {r}/5" for r in range(1, 6)] + [
         f"adagrpo round {r}/3" for r in range(1, 4)], lines
     assert all("rollout/success " in x and " s, ETA " in x for x in lines) and lines[-1].endswith("ETA 0.0 min")
-    assert RLConfig().async_ is None and RLConfig().tis_cap is None
+    assert RLConfig().async_ is None and RLConfig().algo.tis_cap is None
 
 
 def test_each_worker_loads_a_new_version_by_itself_and_episodes_in_flight_go_on(tmp_path):
@@ -294,7 +294,7 @@ def test_config_names_bad_async_keys():
     with pytest.raises(ValueError, match="async.max_staleness"):
         RLConfig.model_validate({"async": {"max_staleness": -1}})
     with pytest.raises(ValueError, match="tis_cap"):
-        RLConfig(tis_cap=0.5)
+        RLConfig(algo={"tis_cap": 0.5})
     assert RLConfig.model_validate({"async": {"max_staleness": 1}}).async_.max_staleness == 1
 
 
@@ -329,7 +329,7 @@ def test_the_stage_runs_async_through_spawned_workers_with_the_tiny_model(tmp_pa
 
     stage_root(tmp_path, short_tasks(3))
     cfg = {"init": str(BASE), "out": "out", "work": "work", "rounds": 3, "checkpoint_every": 2,
-           "rollout_processes": 2, "rollout_concurrency": 2, "max_batch": 2, "tis_cap": 2.0,
+           "rollout_processes": 2, "rollout_concurrency": 2, "max_batch": 2, "algo": {"tis_cap": 2.0},
            "async": {"max_staleness": 1},
            "overrides": {"train_batch_size": 2, "samples_per_task": 2, "max_new_tokens": 12, "learning_rate": 1e-3}}
     out = subprocess.run([sys.executable, "-c", RUN, json.dumps(cfg), str(tmp_path)], check=True, timeout=900,
@@ -368,7 +368,7 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
             return [0.9 if i % 2 == 0 else 0.1 for i in range(len(trajs))]
 
     cfg = RLConfig.model_validate({
-        "async": {"max_staleness": 0}, "tis_cap": 2.0, "rounds": 3, "fcf": False, "adapr": False,
+        "async": {"max_staleness": 0}, "algo": {"tis_cap": 2.0}, "rounds": 3, "fcf": False, "adapr": False,
         "lab_share": 1.0, "reward_model": "the Judge below",  # the pool's tasks hide their verifier
         "overrides": {"train_batch_size": 2, "samples_per_task": 2, "kl_coef": 0.0, "learning_rate": 1e-3,
                       "max_new_tokens": 12}})

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_async_takes_engines_env_servers_and_the_peers_that_fit_and_names_why_others_do_not():
     ok = RLConfig.model_validate({"async": {"max_staleness": 1}, "engines": ["http://127.0.0.1:8001/v1"],
                                   "env_servers": ["http://127.0.0.1:8765"], "distrl": {}, "judge_all": True,
-                                  "reward_model": "judge", "tis_cap": 2.0})
+                                  "reward_model": "judge", "algo": {"tis_cap": 2.0}})
     assert ok.async_.reruns == 2 and ok.async_.engine_wait_s == 300
     for key, why in (("dart", "rollout count"), ("bepa", "seeds its cache"), ("dynamic_sampling", "admission bound")):
         with pytest.raises(ValueError, match=f"rl.async is not combined with rl.{key} \\(.*{why}"):
@@ -111,7 +111,7 @@ def setup(profile: str, obs_mode: str | None, engines: list[str], envs: list[str
     init = ROOT / p.weights
     mode = obs_mode or p.generation.obs_mode
     config = RLConfig.model_validate({
-        "profile": profile, "init": str(init), "fcf": False, "tis_cap": 2.0, "engines": engines, "env_servers": envs,
+        "profile": profile, "init": str(init), "fcf": False, "algo": {"tis_cap": 2.0}, "engines": engines, "env_servers": envs,
         "rollout_concurrency": 2, "env_pool": {"health_interval_s": 0.3, "wait_for_server_s": 30,
                                                "request_timeout_s": 15},
         **cfg, "overrides": {"train_batch_size": tasks, "samples_per_task": 2, "max_new_tokens": 10,

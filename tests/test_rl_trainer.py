@@ -30,7 +30,7 @@ from mobilerl.rl.batch import (
     trajectory_rows,
 )
 from mobilerl.rl.config import RLConfig
-from mobilerl.rl.groups import RoundError, judge_rewards, make_groups, round_metrics, score_groups
+from mobilerl.rl.groups import Group, RoundError, judge_rewards, make_groups, round_metrics, score_groups
 from mobilerl.rl.loss import policy_loss
 from mobilerl.rl.trainer import Trainer
 from mobilerl.trajectory import Trajectory
@@ -106,8 +106,8 @@ def test_identical_sequences_share_one_forward_and_the_gradient_is_unchanged(rol
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(shared, alone, strict=True))
 
 
-def _trainer(backend, **overrides) -> Trainer:
-    cfg = RLConfig(overrides={"kl_coef": 0.0, "learning_rate": 1e-3, **overrides})
+def _trainer(backend, algo=None, **overrides) -> Trainer:
+    cfg = RLConfig(overrides={"kl_coef": 0.0, "learning_rate": 1e-3, **overrides}, algo=algo or {})
     model = HFBackend.from_pretrained(BASE, device="cpu").model  # a fresh copy: the fixture's stays as sampled
     return Trainer(cfg, model, backend.prompt_ids, backend.pad_id, FMT)
 
@@ -133,6 +133,26 @@ def test_replayed_samples_use_their_stored_logprobs(rollouts):
     assert [lp for r in rows for lp in r.behaviour_logprobs] == [lp for s in old.steps for lp in s.logprobs]
     stats = trainer.update(rows)
     assert stats["loss/ratio_mean"] > 1.5  # exp(0.5): the ratio is taken against the stored logprobs
+
+
+def test_adapr_push_first_replays_the_rounds_best_in_that_round_and_after_it_not(rollouts):
+    backend, _, trajs = rollouts
+    group = Group("t", [Trajectory.from_dict(t.to_dict()) for t in trajs[:2]], advantages=[1.0, -1.0],
+                  keep=[1.0, 1.0])
+    for push_first, replayed in ((False, 0.0), (True, 1.0)):
+        trainer = _trainer(backend, algo={"adapr_push_first": push_first})
+        _, m = trainer.batch([group], 0)
+        assert m["buffer/replayed"] == replayed and len(trainer.buffer) == 1
+
+
+def test_entropy_bonus_raises_the_policys_entropy(rollouts):
+    backend, _, trajs = rollouts
+    rows = [r for t in trajs for r in trajectory_rows(t, 0.0, FMT, backend.prompt_ids)]  # no advantage: only the bonus
+    for coef, rises in ((0.0, False), (1.0, True)):
+        trainer = _trainer(backend, algo={"entropy_coef": coef})
+        first = trainer.update(rows)["loss/entropy"]
+        then = [trainer.update(rows)["loss/entropy"] for _ in range(2)][-1]
+        assert (then > first + 1e-3) == rises, (coef, first, then)
 
 
 def test_reference_logprobs_are_computed_once_and_kept_with_a_buffered_trajectory(rollouts):

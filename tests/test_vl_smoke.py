@@ -43,6 +43,7 @@ def test_rl_rows_rebuild_screenshot_prompts(tmp_path):
     from mobilerl.models.profiles import load_profile
     from mobilerl.models.random_init import ensure_weights
     from mobilerl.rl.batch import PromptFormat, collate, rows_logprobs, trajectory_rows
+    from mobilerl.rl.config import RLConfig
     from mobilerl.rl.update import SingleProcess, update
 
     profile = load_profile("vl_smoke")
@@ -73,8 +74,8 @@ def test_rl_rows_rebuild_screenshot_prompts(tmp_path):
     before = model.model.visual.patch_embed.proj.weight.detach().clone()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     s = profile.rl.model_copy(update={"kl_coef": 0.0})
-    m = update(model, rows, SingleProcess(model, opt, 1.0), s, backend.pad_id, "token-mean", None, 16384,
-               backend.image_inputs)
+    m = update(model, rows, SingleProcess(model, opt, 1.0), s, backend.pad_id, "token-mean", RLConfig().algo,
+               16384, backend.image_inputs)
     assert m["loss/logprob_gap_max"] <= 1e-3
     assert not model.model.visual.patch_embed.proj.weight.equal(before)
 

@@ -20,7 +20,7 @@ refresh: no barrier stops every env at once), so later steps of an episode in fl
 version; the per-token behaviour logprobs are the engine's either way, and the recorded version is the oldest,
 so staleness is never under-counted (over remote engines: the oldest version that sampled one of its steps, as the
 completions report it). An episode cut short by its env or engine runs again (``rl.async.reruns``) before it
-reaches the trainer, which then drops and counts it. The correction is the trainer's (``rl.tis_cap``: ratio against π_old,
+reaches the trainer, which then drops and counts it. The correction is the trainer's (``rl.algo.tis_cap``: ratio against π_old,
 weight min(π_old/π_behaviour, C), :func:`mobilerl.rl.loss.tis_weights`).
 
 Order: a round trains its groups, and each group its episodes, in the order they ended (reproducible with one
@@ -228,8 +228,8 @@ def train_async(trainer: Any, workers: Workers, pool: list[TaskSpec], work: Path
     cfg, s = trainer.cfg, trainer.settings
     if cfg.async_ is None:
         raise ValueError("train_async needs rl.async (max_staleness)")
-    if cfg.tis_cap is None:
-        log.warning("rl.async without rl.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
+    if cfg.algo.tis_cap is None:
+        log.warning("rl.async without rl.algo.tis_cap: stale tokens are weighted as on-policy ones (ratio vs behaviour)")
     max_staleness = cfg.async_.max_staleness
     curve_path, curve = open_curve(work, trainer.round)
     draws_path = work / "async.json"

@@ -216,16 +216,17 @@ class ResponseLogits(torch.nn.Module):
 
 
 def rows_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float,
-                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logprobs (B, R), entropy (B, R) or None)`` of every row's response tokens under ``model`` (the policy,
     or a :class:`ResponseLogits` / an engine around one) at ``temperature`` (the rollout's: behaviour logprobs
-    are log_softmax(logits / T)); one forward per distinct sequence, spread to its rows (their gradients add up)."""
+    are log_softmax(logits / T)); one forward per distinct sequence, spread to its rows (their gradients add up).
+    ``entropy_grad``: the entropy keeps its graph (an entropy bonus), at the memory of a second (B, T, V)."""
     logits = model(batch) if getattr(model, "takes_batch", False) else response_logits(model, batch)
     logp = token_logprobs(logits, batch["response_ids"], temperature)[batch["seq"]]
     if not entropy:
         return logp, None
-    with torch.no_grad():
-        ent = entropy_from_logits(logits.detach() / temperature)[batch["seq"]]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = entropy_from_logits((logits if entropy_grad else logits.detach()) / temperature)[batch["seq"]]
     return logp, ent
 
 

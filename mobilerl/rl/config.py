@@ -16,6 +16,7 @@ from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
 from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
+from mobilerl.rl.recipe import RECIPES, Algo, Recipe, resolve
 
 
 class AsyncConfig(BaseModel):
@@ -175,6 +176,10 @@ class RLConfig(StageConfig):
         None, ge=1, description="Keep templates whose test tasks need at most this many optimal steps (None: all).")
     tasks_per_template: int | None = Field(None, ge=1, description="Train tasks per template in the pool (None: all).")
     rounds: int = Field(100, ge=1, description="Training rounds (rollout + update each).")
+    recipe: Recipe = Field("paper", description=(
+        "AdaGRPO's recipe: the paper's text or the authors' released configuration (mobilerl/rl/recipe.py)."))
+    algo: Algo = Field(default_factory=lambda: Algo(**RECIPES["paper"]), description=(
+        "Switches of the objective and the mechanisms changed from rl.recipe's (the keys not given are the recipe's)."))
     spa: bool = Field(True, description="Shortest-path reward adjustment of successes (§2.2.1).")
     adapr: bool = Field(True, description="Difficulty-adaptive positive replay (§2.2.2).")
     fcf: bool = Field(True, description="Failure curriculum filtering of the task sampling (§2.2.3).")
@@ -221,8 +226,6 @@ class RLConfig(StageConfig):
     ray: RayConfig = Field(default_factory=RayConfig, description="The Ray cluster and its pools, for rl.cluster ray.")
     async_: AsyncConfig | None = Field(None, alias="async", description=(
         "Rollouts run on while the trainer updates, episodes scheduled one at a time (None: synchronous rounds)."))
-    tis_cap: float | None = Field(None, ge=1.0, description=(
-        "Ratio against the trainer's own old logprobs, each token weighted by min(π_old/π_behaviour, cap) (None: off)."))
     bepa: BEPAConfig | None = Field(None, description=(
         "BEPA (bepa.txt §4, mobilerl/rl/bepa.py): a cached success replaces the first rollout of an all-failed group "
         "(None: off)."))
@@ -259,6 +262,15 @@ class RLConfig(StageConfig):
         if self.engines is not None and (not self.engines or bad):
             raise ValueError(f"rl.engines must be a non-empty list of http(s):// URLs, got {self.engines!r}")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            algo = data.get("algo")
+            data = {**data, "algo": resolve(data.get("recipe", "paper"), algo.model_dump() if isinstance(algo, Algo)
+                                            else algo)}
+        return data
 
     @model_validator(mode="after")
     def _androidworld_servers(self) -> RLConfig:

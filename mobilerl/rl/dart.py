@@ -1,7 +1,7 @@
 """DART's data curation (dart.txt §4) as a switch of the `rl` stage (``rl.dart``), off by default.
 
 Two of its mechanisms live here; the third, distribution alignment (§4.4, a truncated importance weight
-min(π_old^train / π_old^rollout, C)), is the trainer's ``rl.tis_cap`` (``loss.tis_weights``), which the
+min(π_old^train / π_old^rollout, C)), is the trainer's ``rl.algo.tis_cap`` (``loss.tis_weights``), which the
 ablation's ``dart`` variant sets with this switch.
 
 - **Dynamic rollout count** (§4.1, Figure 5): a task's rollouts fall from the maximum once its success

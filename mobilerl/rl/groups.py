@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mobilerl.rl.loss import group_advantages, prune_negatives
+from mobilerl.rl.loss import group_advantages, prune_negatives, whiten
 from mobilerl.rl.spa import shortest_path_rewards
 from mobilerl.trajectory import Trajectory
 
@@ -93,16 +93,31 @@ def judge_rewards(trajectories: Sequence[Trajectory], judge: Any, everyone: bool
 
 
 def score_groups(groups: Sequence[Group], spa_alpha: float | None, prune_ratio: float | None,
-                 generator: torch.Generator) -> None:
-    """SPA rewards (§2.2.1), group-relative advantages (Eq. 1) and the loss mask of every group, in place."""
+                 generator: torch.Generator, step_stats: bool = False, prune_rows: bool = False,
+                 per_source: bool = False) -> None:
+    """SPA rewards (§2.2.1), group-relative advantages (Eq. 1) and the loss mask of every group, in place.
+    ``step_stats``: the group's statistics over step rows; ``prune_rows``: negative pruning counts rows;
+    ``per_source``: the advantages whitened again within each data source (``rl.algo``, mobilerl/rl/recipe.py)."""
     for g in groups:
         binary = g.successes
         lengths = [max(1, t.n_steps) for t in g.trajectories]
         g.rewards = shortest_path_rewards(binary, lengths, spa_alpha) if spa_alpha is not None else binary
         r = torch.tensor(g.rewards)
         n = len(r)
-        g.advantages = group_advantages(r, n).tolist() if n > 1 else [0.0] * n
-        g.keep = prune_negatives(torch.tensor(binary), n, prune_ratio, generator).tolist()
+        w = torch.tensor(lengths, dtype=torch.float32)
+        g.advantages = group_advantages(r, n, weights=w if step_stats else None).tolist() if n > 1 else [0.0] * n
+        g.keep = prune_negatives(torch.tensor(binary), n, prune_ratio, generator, rows=w if prune_rows else None).tolist()
+    if per_source:
+        by_source: dict[str, list[tuple[Group, int]]] = defaultdict(list)
+        for g in groups:
+            for i, t in enumerate(g.trajectories):
+                if g.keep[i] > 0:
+                    by_source[t.suite].append((g, i))
+        for members in by_source.values():
+            a = torch.tensor([g.advantages[i] for g, i in members])
+            rows = torch.tensor([float(max(1, g.trajectories[i].n_steps)) for g, i in members])
+            for (g, i), v in zip(members, whiten(a, rows).tolist(), strict=True):
+                g.advantages[i] = v
 
 
 def round_metrics(groups: Sequence[Group], dropped: int, engine_failures: int = 0) -> dict[str, float]:

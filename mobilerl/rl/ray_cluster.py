@@ -294,14 +294,12 @@ class RayCluster:
                     **self._options(name, s.resources, "SPREAD"), max_restarts=cfg.max_restarts, max_task_retries=-1,
                 ).remote(self._key(name), argv, env_env, "/health", cfg.bind, "http://{host}:{port}",
                          cfg.start_timeout_s), "env")
-        if cfg.androidworld is not None:
-            a = cfg.androidworld
-            for i in range(a.count):
-                name = f"androidworld-{i}"
-                launches[name] = (server.options(
-                    **self._options(name, a.resources, "SPREAD"), max_restarts=cfg.max_restarts, max_task_retries=-1,
-                ).remote(self._key(name), a.command, {**env, **a.env}, "/health", cfg.bind, "http://{host}:{port}",
-                         cfg.start_timeout_s, a.cwd), "androidworld")
+        a = cfg.androidworld
+        for name in [f"androidworld-{i}" for i in range(a.count)] if a is not None else []:
+            launches[name] = (server.options(
+                **self._options(name, a.resources, "SPREAD"), max_restarts=cfg.max_restarts, max_task_retries=-1,
+            ).remote(self._key(name), a.command, {**env, **a.env}, "/health", cfg.bind, "http://{host}:{port}",
+                     cfg.start_timeout_s, a.cwd), "androidworld")
         self._actors = {name: a for name, (a, _) in launches.items()}
         infos = self._infos(list(self._actors), cfg.start_timeout_s)
         self.engines = [infos[n]["url"] for n, (_, k) in launches.items() if k == "engine"]
@@ -400,5 +398,3 @@ class RayCluster:
 def _custom(resources: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
 
-
-__all__ = ["RayCluster", "Server"]

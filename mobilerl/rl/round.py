@@ -50,12 +50,14 @@ def learn(trainer: Any, ctx: RoundContext, pool: Sequence[TaskSpec],
     """SPA, advantages, curriculum, rows, the update and the hooks' last point for ``ctx.train`` (the groups
     trained on) and ``ctx.groups`` (the round's on-policy groups); ``lock`` guards the curriculum (the
     asynchronous loop samples from it in another thread). Advances ``trainer.round``; returns the metrics."""
-    cfg, s, r = trainer.cfg, trainer.settings, ctx.r
+    cfg, r = trainer.cfg, ctx.r
     gen = torch.Generator().manual_seed(stable_seed(cfg.seed, "prune", r) % (2**63))
-    score_groups(ctx.train, s.spa_alpha if cfg.spa else None, cfg.prune_negatives, gen)
+    a = cfg.algo
+    score_groups(ctx.train, a.spa_alpha if cfg.spa else None, cfg.prune_negatives, gen,
+                 step_stats=a.adv_stats == "step", prune_rows=a.prune_unit == "row", per_source=a.adv_per_source)
     with lock or contextlib.nullcontext():
         for g in ctx.groups:
-            trainer.curriculum.update(g.task_id, g.successes)
+            trainer.curriculum.update(g.task_id, g.successes, rows=sum(max(1, t.n_steps) for t in g.trajectories))
     tt = time.perf_counter()
     rows, bm = trainer.batch(ctx.train, r, ctx)
     um = trainer.update(rows)

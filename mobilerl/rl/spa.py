@@ -1,7 +1,7 @@
 """Shortest-path reward adjustment (SPA, MobileRL §2.2.1, Eq. 2).
 
 The authors' released training code uses a penalty (T_i − T_min)/(2·T_i), i.e. α = 0.5; the paper's
-hyper-parameter table says α = 1.0, which is our default (``rl.spa_alpha``).
+hyper-parameter table says α = 1.0, the `paper` recipe's (``rl.algo.spa_alpha``; `authors`: 0.5).
 """
 
 from __future__ import annotations

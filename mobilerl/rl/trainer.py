@@ -74,9 +74,10 @@ class Trainer:
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if s.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                            lr=s.learning_rate, weight_decay=0.0)
-        self.buffer: PositiveReplay[Trajectory] = PositiveReplay(s.adapr_buffer_size, s.adapr_kappa, s.adapr_gamma)
-        self.curriculum = FailureCurriculum(cfg.fcf_patience, cfg.fcf_cooldown)
-        self.hooks = Hooks(make_hooks(cfg, s.samples_per_task, s.spa_alpha if cfg.spa else None,
+        self.buffer: PositiveReplay[Trajectory] = PositiveReplay(s.adapr_buffer_size, s.adapr_kappa, s.adapr_gamma,
+                                                                 cfg.algo.adapr_recency)
+        self.curriculum = FailureCurriculum(cfg.fcf_patience, cfg.fcf_cooldown, cfg.algo.fcf_rule)
+        self.hooks = Hooks(make_hooks(cfg, s.samples_per_task, cfg.algo.spa_alpha if cfg.spa else None,
                                       s.train_batch_size))
         self.round = 0
         self.dp: Any = None  # the data-parallel group of rl.trainer_backend ddp / deepspeed
@@ -115,20 +116,22 @@ class Trainer:
     def batch(self, groups: Sequence[Group], r: int, ctx: RoundContext | None = None
               ) -> tuple[list[Row], dict[str, float]]:
         """The update's rows: up to ⌊γ·M⌋ replayed trajectories (AdaPR, M the round's configured batch of
-        tasks × n, drawn before this round's push) and the hooks' replays, then the kept on-policy ones; the
+        tasks × n, drawn before this round's push, or after it with ``rl.algo.adapr_push_first``) and the hooks' replays, then the kept on-policy ones; the
         hooks' edits of the rows last. Fills ``ctx.fresh`` / ``ctx.replayed`` (round ``r``'s context; a new one by
         default); returns the rows and their metrics (the hooks' of these points included)."""
         ctx = ctx if ctx is not None else RoundContext(r, self)
         fresh = [(t, a) for g in groups for t, a, k in zip(g.trajectories, g.advantages, g.keep, strict=True)
                  if k > 0]
         m = self.settings.train_batch_size * self.settings.samples_per_task  # M: the round's on-policy batch
-        replay = self.buffer.sample(m) if self.cfg.adapr else []
+        push_first = self.cfg.algo.adapr_push_first
+        if self.cfg.adapr and push_first:
+            self._push(groups, r)
+        replay = self.buffer.sample(m) if self.cfg.adapr else []  # push first: this round's best twice (age 0)
         n_adapr = len(replay)
         more, hm = self.hooks.replays(ctx, m, [t for t, _ in replay])
         replay += more
-        if self.cfg.adapr:
-            flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
-            self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
+        if self.cfg.adapr and not push_first:
+            self._push(groups, r)
         ctx.fresh, ctx.replayed = fresh, replay
         # a fresh trajectory of an older policy version (the asynchronous mode's) is off-policy, like a replay
         per_traj = [(t, trajectory_rows(t, a, self.fmt, self.prompt_ids, on))
@@ -142,6 +145,10 @@ class Trainer:
         rows = [row for _, rs in per_traj for row in rs]
         return rows, {"buffer/replayed": float(n_adapr), "train/trajectories": float(len(fresh) + len(replay)),
                       **hm, **rm}
+
+    def _push(self, groups: Sequence[Group], r: int) -> None:
+        flat = [(t, a) for g in groups for t, a in zip(g.trajectories, g.advantages, strict=True)]
+        self.buffer.push([t for t, _ in flat], [a for _, a in flat], r)
 
     @torch.no_grad()
     def reference_logprobs(self, rows: list[Row]) -> None:
@@ -162,12 +169,12 @@ class Trainer:
         if self.dp is not None:
             rows = self.dp.begin_update(rows)  # every rank gets rank 0's rows
         return update(self.model, rows, self.stepper, self.settings, self.pad_id, self.cfg.aggregation,
-                      self.cfg.tis_cap, self.cfg.micro_batch_tokens, self.vision)
+                      self.cfg.algo, self.cfg.micro_batch_tokens, self.vision)
 
     def follow(self) -> None:
         """Ranks > 0 of a data-parallel run: the updates, checkpoints and gathers rank 0 announces, until it stops."""
         self.dp.follow(lambda rows: update(self.model, rows, self.stepper, self.settings, self.pad_id,
-                                           self.cfg.aggregation, self.cfg.tis_cap, self.cfg.micro_batch_tokens,
+                                           self.cfg.aggregation, self.cfg.algo, self.cfg.micro_batch_tokens,
                                            self.vision))
 
     # ------------------------------------------------------------------------------------ weights, state

@@ -1,6 +1,6 @@
 """The AdaGRPO update, written once for every trainer backend: ``ppo_epochs`` optimiser steps over the round's
 rows, each step accumulating its micro-batches' losses (the clipped surrogate against the behaviour logprobs,
-or with ``rl.tis_cap`` against π_old with truncated IS, plus the k3 KL: :func:`mobilerl.rl.loss.policy_loss`).
+or with ``rl.algo.tis_cap`` against π_old with truncated IS, plus the k3 KL: :func:`mobilerl.rl.loss.policy_loss`).
 
 Where the processes differ, a :class:`Stepper` supplies it: which micro-batches this process runs (its shard),
 what runs the forward, how a loss is backpropagated and how the step is taken, and how the processes' metrics
@@ -21,6 +21,7 @@ import torch
 from mobilerl.models.profiles import RLSettings
 from mobilerl.rl.batch import Row, Vision, collate, micro_batches, rows_logprobs
 from mobilerl.rl.loss import policy_loss, tis_weights
+from mobilerl.rl.recipe import Algo
 
 
 class Stepper(Protocol):
@@ -72,17 +73,18 @@ class SingleProcess:
 
 
 def micro_loss(model: Any, forward: Any, mb: list[Row], pad_id: int, s: RLSettings, aggregation: str,
-               tis_cap: float | None, epoch: int, total_tokens: int, total_rows: int, stats: dict[str, float],
+               algo: Algo, epoch: int, total_tokens: int, total_rows: int, stats: dict[str, float],
                old: dict[int, torch.Tensor], key: int, vision: Vision | None = None) -> torch.Tensor:
     """The loss of micro-batch ``mb`` scaled by its share of the step (of the step's ``total_tokens`` response
     tokens, or ``total_rows`` rows for the seq-mean aggregations), for the caller to backpropagate; adds its part
     of the metrics to ``stats``. ``forward`` computes the logprobs (``model`` or the engine around it); ``vision``
-    encodes the rows' screenshots. With
-    ``tis_cap``, ``old[key]`` keeps the micro-batch's π_old: epoch 0's logprobs, before any step."""
+    encodes the rows' screenshots; ``algo`` (``rl.algo``) the clip, dual clip, entropy bonus and TIS. With
+    ``algo.tis_cap``, ``old[key]`` keeps the micro-batch's π_old: epoch 0's logprobs, before any step."""
     b = collate(mb, pad_id, next(model.parameters()).device, vision)
     if epoch == 0:
         stats["train/sequences"] += float(b["input_ids"].shape[0])  # distinct forwards
-    logp, ent = rows_logprobs(forward, b, s.temperature, entropy=True)
+    tis_cap = algo.tis_cap
+    logp, ent = rows_logprobs(forward, b, s.temperature, entropy=True, entropy_grad=algo.entropy_coef > 0)
     denom, tis = b["behaviour_logprobs"], None
     if tis_cap is not None:  # three policies: ratio π_θ/π_old, times min(π_old/π_behaviour, C) (loss.py)
         denom = old.setdefault(key, logp.detach())
@@ -91,7 +93,9 @@ def micro_loss(model: Any, forward: Any, mb: list[Row], pad_id: int, s: RLSettin
             capped = (denom - b["behaviour_logprobs"]) >= math.log(tis_cap)
             stats["loss/tis_capped_frac"] += float((capped * b["response_mask"]).sum()) / total_tokens
     loss, m = policy_loss(logp, denom, b["advantages"], b["response_mask"], b.get("ref_logprobs"),
-                          clip_eps=s.clip_ratio, kl_coef=s.kl_coef, agg=aggregation, tis_weight=tis)
+                          clip_eps=algo.clip_low, kl_coef=s.kl_coef, agg=aggregation, tis_weight=tis,
+                          clip_high=algo.clip_high, dual_clip=algo.dual_clip, entropy=ent,
+                          entropy_coef=algo.entropy_coef)
     n_tok = float(b["response_mask"].sum())
     share = n_tok / total_tokens if aggregation == "token-mean" else len(mb) / total_rows
     w = n_tok / total_tokens / s.ppo_epochs
@@ -100,7 +104,7 @@ def micro_loss(model: Any, forward: Any, mb: list[Row], pad_id: int, s: RLSettin
         stats[f"loss/{k}"] += v * w
     with torch.no_grad():
         mask = b["response_mask"]
-        stats["loss/entropy"] += float((ent * mask).sum()) / total_tokens / s.ppo_epochs
+        stats["loss/entropy"] += float((ent.detach() * mask).sum()) / total_tokens / s.ppo_epochs
         if epoch == 0:  # the rollout/trainer mismatch, on-policy rows before any step
             fresh = mask * b["on_policy"].unsqueeze(1)
             gap = ((logp.detach() - b["behaviour_logprobs"]).abs() * fresh).max().item()
@@ -109,7 +113,7 @@ def micro_loss(model: Any, forward: Any, mb: list[Row], pad_id: int, s: RLSettin
 
 
 def update(model: torch.nn.Module, rows: Sequence[Row], stepper: Stepper, s: RLSettings, pad_id: int,
-           aggregation: str, tis_cap: float | None, max_tokens: int, vision: Vision | None = None) -> dict[str, float]:
+           aggregation: str, algo: Algo, max_tokens: int, vision: Vision | None = None) -> dict[str, float]:
     """``ppo_epochs`` optimiser steps over ``rows`` (every process's rows: each runs its shard); the metrics."""
     total_tokens = sum(len(r.response_ids) for r in rows)
     batches, real = stepper.batches(rows, max_tokens)
@@ -121,7 +125,7 @@ def update(model: torch.nn.Module, rows: Sequence[Row], stepper: Stepper, s: RLS
         stepper.zero_grad()
         for i, mb in enumerate(batches):
             pad = i >= real  # a ZeRO rank with fewer micro-batches: zero-weighted, metrics thrown away
-            loss = micro_loss(model, forward, mb, pad_id, s, aggregation, tis_cap, epoch, total_tokens, len(rows),
+            loss = micro_loss(model, forward, mb, pad_id, s, aggregation, algo, epoch, total_tokens, len(rows),
                               defaultdict(float) if pad else stats, old, i, vision)
             stepper.backward(loss, pad=pad, last=i == len(batches) - 1)
         stats["loss/grad_norm"] += stepper.step() / s.ppo_epochs
