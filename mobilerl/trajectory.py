@@ -61,6 +61,7 @@ class StepRecord:
     logprobs: list[float] | None = None
     step_instruction: str | None = None  # a per-step (low-level) instruction, where the data has one
     token_ids: list[int] | None = None
+    expert: bool = False  # played by the simulator's expert (a reverse curriculum's prefix), not the policy
 
     @property
     def valid(self) -> bool:
@@ -74,6 +75,8 @@ class StepRecord:
         d = asdict(self)
         if d["token_ids"] is None:  # absent, not null: steps without tokens keep the bytes they always had
             del d["token_ids"]
+        if not d["expert"]:
+            del d["expert"]
         return d
 
     @classmethod

@@ -106,8 +106,9 @@ def test_identical_sequences_share_one_forward_and_the_gradient_is_unchanged(rol
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(shared, alone, strict=True))
 
 
-def _trainer(backend, algo=None, **overrides) -> Trainer:
-    cfg = RLConfig(overrides={"kl_coef": 0.0, "learning_rate": 1e-3, **overrides}, algo=algo or {})
+def _trainer(backend, algo=None, curriculum=None, **overrides) -> Trainer:
+    cfg = RLConfig(overrides={"kl_coef": 0.0, "learning_rate": 1e-3, **overrides}, algo=algo or {},
+                   curriculum=curriculum)
     model = HFBackend.from_pretrained(BASE, device="cpu").model  # a fresh copy: the fixture's stays as sampled
     return Trainer(cfg, model, backend.prompt_ids, backend.pad_id, FMT)
 
@@ -143,6 +144,19 @@ def test_adapr_push_first_replays_the_rounds_best_in_that_round_and_after_it_not
         trainer = _trainer(backend, algo={"adapr_push_first": push_first})
         _, m = trainer.batch([group], 0)
         assert m["buffer/replayed"] == replayed and len(trainer.buffer) == 1
+
+
+def test_a_reverse_curriculum_starts_the_rounds_tasks_late_and_its_state_resumes(rollouts):
+    backend, _, _ = rollouts
+    trainer = _trainer(backend, curriculum={"start": 2})
+    pool = short_tasks(3, max_steps=8)
+    tasks = trainer.sample_tasks(pool, 0)
+    assert tasks and all(t.expert_prefix == max(0, t.optimal_steps - 2) for t in tasks)
+    trainer.reverse.update(tasks[0].task_id, [1.0, 1.0])
+    restored = _trainer(backend, curriculum={"start": 2})
+    restored.load_state_dict(trainer.state_dict())
+    assert restored.reverse.prefix(tasks[0]) == max(0, tasks[0].optimal_steps - 3)
+    assert all(t.expert_prefix == 0 for t in _trainer(backend).sample_tasks(pool, 0))  # off: whole tasks
 
 
 def test_entropy_bonus_raises_the_policys_entropy(rollouts):

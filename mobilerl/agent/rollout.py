@@ -9,6 +9,8 @@
     reward = evaluate()              # 1.0 iff finished and verified; None when the verifier is hidden
     success = finished and reward == 1.0
 
+With ``task.expert_prefix`` = p (RL's reverse curriculum), the simulator's expert answers steps 0 … p − 1 (short
+of its ``finish``), recorded with ``expert=True`` and no logprobs, and the policy sees them as its own history.
 The budget counts every response, invalid ones included (so a policy cannot stall on malformed
 output). Env failures (any exception from reset/step/evaluate, :class:`~mobilerl.env.base.EnvError` and
 :class:`~mobilerl.env.base.EnvCrashed` above all) and policy failures end the episode with
@@ -28,7 +30,14 @@ import re
 import time
 from pathlib import Path
 
-from mobilerl.agent.policy import Policy, PolicyContext, PolicyOutput, policy_name, policy_version
+from mobilerl.agent.policy import (
+    OraclePolicy,
+    Policy,
+    PolicyContext,
+    PolicyOutput,
+    policy_name,
+    policy_version,
+)
 from mobilerl.env import actions as A
 from mobilerl.env.actions import ActionParseError, parse_action
 from mobilerl.env.base import AsyncEnv, EnvError, Observation, TaskSpec
@@ -95,6 +104,7 @@ async def rollout(
     inline = getattr(getattr(env, "worker", env), "inline", False) is True
     history: list[str] = []
     apps: list[str] = []
+    expert = OraclePolicy() if task.expert_prefix else None
     previous: Observation | None = None
     last_info: dict = {}
     try:
@@ -117,8 +127,11 @@ async def rollout(
         shot = await asyncio.to_thread(_save_png, obs, shots / f"step{t:03d}.png") if shots else None
         ctx = PolicyContext(task, obs, xml_c, tuple(history), t, ep, tuple(apps), previous)
         t0 = time.perf_counter()
+        by_expert = t < task.expert_prefix
         try:
-            out = await policy.act(ctx)
+            out = await (expert.act(ctx) if by_expert else policy.act(ctx))
+            if by_expert and out.text.startswith("finish("):  # the expert would end the task: the policy's turn
+                by_expert, out = False, await policy.act(ctx)
             if not isinstance(out, PolicyOutput):
                 raise TypeError(
                     f"{type(policy).__name__}.act returned {type(out).__name__}, not PolicyOutput"
@@ -143,6 +156,7 @@ async def rollout(
             screenshot_path=shot,
             logprobs=list(out.logprobs) if out.logprobs is not None else None,
             token_ids=list(out.token_ids) if out.token_ids is not None else None,
+            expert=by_expert,
         )
         traj.steps.append(rec)
         if out.invalid is not None:

@@ -52,6 +52,7 @@ class TaskSpec:
     task_type: str = "operation"  # "operation" | "query"
     has_verifier: bool = True
     subgoals: tuple[str, ...] = ()
+    expert_prefix: int = 0  # steps the simulator's expert plays before the policy (RL's reverse curriculum)
 
     @property
     def max_steps(self) -> int:
@@ -64,6 +65,8 @@ class TaskSpec:
         d["apps"] = list(self.apps)
         d["subgoals"] = list(self.subgoals)
         d["max_steps"] = self.max_steps
+        if not d["expert_prefix"]:  # absent when 0: stored task lists keep their bytes
+            del d["expert_prefix"]
         return d
 
     @classmethod

@@ -152,6 +152,14 @@ class BEPAConfig(_Section):
         "Plan-conditioned episodes that seed a task's cache, once a run, when its group first fails whole."))
 
 
+class ReverseCurriculumConfig(_Section):
+    """``rl.curriculum``: the start-state curriculum from expert prefixes (mobilerl/rl/reverse.py)."""
+
+    start: int = Field(1, ge=1, description="Last steps of a task the policy plays at first (the expert the rest).")
+    step: int = Field(1, ge=1, description="Steps more the policy plays once a group from there succeeds enough.")
+    grow_at: float = Field(0.5, gt=0, le=1, description="Group success rate at which a task's start moves back.")
+
+
 class DynamicSamplingConfig(_Section):
     """``rl.dynamic_sampling``: DAPO's further draws."""
 
@@ -183,6 +191,9 @@ class RLConfig(StageConfig):
     spa: bool = Field(True, description="Shortest-path reward adjustment of successes (§2.2.1).")
     adapr: bool = Field(True, description="Difficulty-adaptive positive replay (§2.2.2).")
     fcf: bool = Field(True, description="Failure curriculum filtering of the task sampling (§2.2.3).")
+    curriculum: ReverseCurriculumConfig | None = Field(None, description=(
+        "Start a task after the simulator's expert has played all but its last k steps, k growing with success "
+        "(None: the policy plays every task whole)."))
     fcf_patience: int = Field(2, ge=1, description="All-zero rounds before a task's cooldown starts.")
     fcf_cooldown: int = Field(3, ge=0, description="Cooldown rounds (weight exp(-f)) before removal.")
     curriculum_init: str | None = Field(None, description="A previous run's curriculum.json to start FCF from.")

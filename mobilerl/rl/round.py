@@ -58,6 +58,8 @@ def learn(trainer: Any, ctx: RoundContext, pool: Sequence[TaskSpec],
     with lock or contextlib.nullcontext():
         for g in ctx.groups:
             trainer.curriculum.update(g.task_id, g.successes, rows=sum(max(1, t.n_steps) for t in g.trajectories))
+            if trainer.reverse is not None:
+                trainer.reverse.update(g.task_id, g.successes)
     tt = time.perf_counter()
     rows, bm = trainer.batch(ctx.train, r, ctx)
     um = trainer.update(rows)
@@ -69,6 +71,8 @@ def learn(trainer: Any, ctx: RoundContext, pool: Sequence[TaskSpec],
          "buffer/size": float(len(trainer.buffer)), "buffer/age": trainer.buffer.mean_age(r),
          "curriculum/active": float(counts["active"]), "curriculum/cooldown": float(counts["cooldown"]),
          "curriculum/removed": float(counts["removed"]), "reward/judged": float(ctx.judged), "time/train_s": train_s}
+    if trainer.reverse is not None:
+        m |= trainer.reverse.metrics(pool)
     if cfg.judge_all:  # E.5: the verifier's success of the episodes the judge rewarded
         ok = [t for g in ctx.groups for t in g.trajectories]
         m["rollout/verified_success"] = float(np.mean([t.meta.get("verified", t.success) for t in ok])) if ok else 0.0

@@ -39,6 +39,7 @@ from mobilerl.rl.dynamic_sampling import DynamicSampling
 from mobilerl.rl.fcf import FailureCurriculum
 from mobilerl.rl.groups import Group
 from mobilerl.rl.hooks import Hook, Hooks, RoundContext
+from mobilerl.rl.reverse import ReverseCurriculum
 from mobilerl.rl.update import SingleProcess, update
 from mobilerl.seeding import stable_seed
 from mobilerl.trajectory import Trajectory
@@ -77,6 +78,8 @@ class Trainer:
         self.buffer: PositiveReplay[Trajectory] = PositiveReplay(s.adapr_buffer_size, s.adapr_kappa, s.adapr_gamma,
                                                                  cfg.algo.adapr_recency)
         self.curriculum = FailureCurriculum(cfg.fcf_patience, cfg.fcf_cooldown, cfg.algo.fcf_rule)
+        c = cfg.curriculum
+        self.reverse = ReverseCurriculum(c.start, c.step, c.grow_at) if c is not None else None
         self.hooks = Hooks(make_hooks(cfg, s.samples_per_task, cfg.algo.spa_alpha if cfg.spa else None,
                                       s.train_batch_size))
         self.round = 0
@@ -109,7 +112,8 @@ class Trainer:
                 chosen |= set(self.curriculum.sample(ids, k, rng))
             else:
                 chosen |= {ids[i] for i in rng.choice(len(ids), size=min(k, len(ids)), replace=False)}
-        return [t for t in pool if t.task_id in chosen]
+        tasks = [t for t in pool if t.task_id in chosen]
+        return self.reverse.assign(tasks) if self.reverse is not None else tasks
 
     # ------------------------------------------------------------------------------------------- update
 
@@ -200,6 +204,7 @@ class Trainer:
                             else (self.model.state_dict(), self.optimizer.state_dict()))
         return {"round": self.round, "model": model, "optimizer": optimizer,
                 "buffer": self.buffer.state_dict(lambda t: t.to_dict()), "curriculum": self.curriculum.state_dict(),
+                **({"reverse": self.reverse.state_dict()} if self.reverse is not None else {}),
                 **({"hooks": self.hooks.state_dict()} if self.hooks else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -211,4 +216,6 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.buffer.load_state_dict(state["buffer"], Trajectory.from_dict)
         self.curriculum.load_state_dict(state["curriculum"])
+        if self.reverse is not None:
+            self.reverse.load_state_dict(state.get("reverse", {}))
         self.hooks.load_state_dict(state.get("hooks", {}))
