@@ -18,13 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("policies", nargs="+", metavar="NAME=PATH")
-    ap.add_argument("--suite", default="world")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-
+def greedy(name: str, path: str, suite: str = "world") -> dict:
+    """Greedy success of checkpoint ``path`` on every task of ``suite``'s test split, its 95 % Wilson interval,
+    and the same on the tasks of more than 10 optimal steps (``long``)."""
     from mobilerl.config import load_params
     from mobilerl.eval.checkpoints import run_checkpoint
     from mobilerl.eval.config import CheckpointSpec, EvaluateConfig
@@ -32,25 +28,36 @@ def main() -> None:
     from mobilerl.tasks import load_tasks
 
     cfg = load_params("evaluate", EvaluateConfig)
-    tasks = load_tasks(args.suite, "test")
+    tasks = load_tasks(suite, "test")
+    known = cfg.checkpoints.get(name)
+    spec = CheckpointSpec(path=path, reasoning=known.reasoning if known else False,
+                          max_new_tokens=known.max_new_tokens if known else None)
+    c = cfg.model_copy(update={"checkpoints": {**cfg.checkpoints, name: spec}, "n_trials": 1, "temperature": 0.0})
+    t0 = time.perf_counter()
+    trajs = run_checkpoint(name, tasks, c, ROOT)
+    solved = sum(t.success for t in trajs)
+    lo, hi = wilson_interval(solved, len(trajs))
+    succ = [t.n_steps for t in trajs if t.success]
+    steps = {t.task_id: t.optimal_steps for t in tasks}
+    long = [t for t in trajs if steps[t.task_id] > 10]
+    out = {"path": path, "tasks": len(trajs), "solved": solved, "success_rate": solved / len(trajs),
+           "ci_low": lo, "ci_high": hi, "mean_steps_success": sum(succ) / len(succ) if succ else None,
+           "long_tasks": len(long), "long_solved": sum(t.success for t in long), "wall_s": time.perf_counter() - t0}
+    print(f"{name}: {solved}/{len(trajs)} = {100 * solved / len(trajs):.2f} % [{100 * lo:.2f}, {100 * hi:.2f}], "
+          f"> 10 steps {out['long_solved']}/{len(long)} ({out['wall_s']:.0f} s)", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("policies", nargs="+", metavar="NAME=PATH")
+    ap.add_argument("--suite", default="world")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
     out = {}
     for item in args.policies:
         name, path = item.split("=", 1)
-        known = cfg.checkpoints.get(name)
-        spec = CheckpointSpec(path=path, reasoning=known.reasoning if known else False,
-                              max_new_tokens=known.max_new_tokens if known else None)
-        c = cfg.model_copy(update={"checkpoints": {**cfg.checkpoints, name: spec}, "n_trials": 1,
-                                   "temperature": 0.0})
-        t0 = time.perf_counter()
-        trajs = run_checkpoint(name, tasks, c, ROOT)
-        solved = sum(t.success for t in trajs)
-        lo, hi = wilson_interval(solved, len(trajs))
-        succ = [t.n_steps for t in trajs if t.success]
-        out[name] = {"path": path, "tasks": len(trajs), "solved": solved, "success_rate": solved / len(trajs),
-                     "ci_low": lo, "ci_high": hi, "mean_steps_success": sum(succ) / len(succ) if succ else None,
-                     "wall_s": time.perf_counter() - t0}
-        print(f"{name}: {solved}/{len(trajs)} = {100 * solved / len(trajs):.2f} % [{100 * lo:.2f}, {100 * hi:.2f}] "
-              f"({out[name]['wall_s']:.0f} s)", flush=True)
+        out[name] = greedy(name, path, args.suite)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

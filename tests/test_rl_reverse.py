@@ -53,7 +53,7 @@ def test_from_the_last_steps_start_finish_solves_what_it_cannot_from_the_first(t
 
 
 def test_the_start_moves_back_as_groups_succeed_until_the_task_is_whole(task):
-    rc = ReverseCurriculum(start=1, step=2, grow_at=0.5)
+    rc = ReverseCurriculum(start=1, step=2, grow_at=0.5, per="task")
     [t] = rc.assign([task])
     assert t.expert_prefix == task.optimal_steps - 1 and t.task_id == task.task_id
     rc.update(task.task_id, [1, 0, 0, 0])  # 25 % < 50 %: stays
@@ -63,9 +63,14 @@ def test_the_start_moves_back_as_groups_succeed_until_the_task_is_whole(task):
     for _ in range(task.optimal_steps):
         rc.update(task.task_id, [1, 1])
     assert rc.prefix(task) == 0 and rc.metrics([task]) == {"reverse/prefix_mean": 0.0, "reverse/whole": 1.0}
-    restored = ReverseCurriculum()
+    restored = ReverseCurriculum(per="task")
     restored.load_state_dict(rc.state_dict())
     assert restored.prefix(task) == 0
+    # per template (the default): a sibling task's success moves this task's start too
+    shared, sibling = ReverseCurriculum(), dataclasses.replace(task, task_id=task.task_id[:-1] + "9")
+    shared.assign([task, sibling])
+    shared.update(sibling.task_id, [1, 1])
+    assert shared.prefix(task) == task.optimal_steps - 2
     with pytest.raises(ValueError, match="grow_at"):
         ReverseCurriculum(grow_at=0.0)
     assert RLConfig(curriculum={"start": 2}).curriculum.start == 2 and RLConfig().curriculum is None

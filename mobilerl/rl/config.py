@@ -158,6 +158,8 @@ class ReverseCurriculumConfig(_Section):
     start: int = Field(1, ge=1, description="Last steps of a task the policy plays at first (the expert the rest).")
     step: int = Field(1, ge=1, description="Steps more the policy plays once a group from there succeeds enough.")
     grow_at: float = Field(0.5, gt=0, le=1, description="Group success rate at which a task's start moves back.")
+    per: Literal["task", "template"] = Field("template", description=(
+        "k kept per task, or shared by a template's tasks (drawn far more often than one task)."))
 
 
 class DynamicSamplingConfig(_Section):

@@ -79,7 +79,7 @@ class Trainer:
                                                                  cfg.algo.adapr_recency)
         self.curriculum = FailureCurriculum(cfg.fcf_patience, cfg.fcf_cooldown, cfg.algo.fcf_rule)
         c = cfg.curriculum
-        self.reverse = ReverseCurriculum(c.start, c.step, c.grow_at) if c is not None else None
+        self.reverse = ReverseCurriculum(c.start, c.step, c.grow_at, c.per) if c is not None else None
         self.hooks = Hooks(make_hooks(cfg, s.samples_per_task, cfg.algo.spa_alpha if cfg.spa else None,
                                       s.train_batch_size))
         self.round = 0
