@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from mobilerl.agent.policy import PolicyOutput
-from mobilerl.env.sim.tasks.registry import list_tasks
+from mobilerl.env.sim.tasks.registry import get_task
 from mobilerl.eval.runner import evaluate_sync
 from mobilerl.rl.batch import PromptFormat, trajectory_rows
 from mobilerl.rl.config import RLConfig
@@ -32,7 +32,7 @@ class Finisher:
 @pytest.fixture(scope="module")
 def task():
     # a task whose expert's last turn is its finish: from the last step's start, saying finish solves it
-    return next(t for t in list_tasks("world", "train", n=1) if t.template == "AudioRecorderDeleteRecording")
+    return get_task("world/train/AudioRecorderDeleteRecording/0")
 
 
 def test_from_the_last_steps_start_finish_solves_what_it_cannot_from_the_first(task):
