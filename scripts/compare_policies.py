@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def greedy(name: str, path: str, suite: str = "world") -> dict:
     """Greedy success of checkpoint ``path`` on every task of ``suite``'s test split, its 95 % Wilson interval,
-    and the same on the tasks of more than 10 optimal steps (``long``)."""
+    the solved count on the tasks of more than 10 optimal steps (``long``) and on the templates whose longest test
+    task has at most 6 (``short``: the default RL pool's, ``rl.templates_max_steps``)."""
     from mobilerl.config import load_params
     from mobilerl.eval.checkpoints import run_checkpoint
     from mobilerl.eval.config import CheckpointSpec, EvaluateConfig
@@ -40,11 +41,17 @@ def greedy(name: str, path: str, suite: str = "world") -> dict:
     succ = [t.n_steps for t in trajs if t.success]
     steps = {t.task_id: t.optimal_steps for t in tasks}
     long = [t for t in trajs if steps[t.task_id] > 10]
+    longest: dict[str, int] = {}
+    for t in tasks:
+        longest[t.template] = max(longest.get(t.template, 0), t.optimal_steps)
+    template = {t.task_id: t.template for t in tasks}
+    short = [t for t in trajs if longest[template[t.task_id]] <= 6]
     out = {"path": path, "tasks": len(trajs), "solved": solved, "success_rate": solved / len(trajs),
            "ci_low": lo, "ci_high": hi, "mean_steps_success": sum(succ) / len(succ) if succ else None,
-           "long_tasks": len(long), "long_solved": sum(t.success for t in long), "wall_s": time.perf_counter() - t0}
+           "long_tasks": len(long), "long_solved": sum(t.success for t in long),
+           "short_tasks": len(short), "short_solved": sum(t.success for t in short), "wall_s": time.perf_counter() - t0}
     print(f"{name}: {solved}/{len(trajs)} = {100 * solved / len(trajs):.2f} % [{100 * lo:.2f}, {100 * hi:.2f}], "
-          f"> 10 steps {out['long_solved']}/{len(long)} ({out['wall_s']:.0f} s)", flush=True)
+          f"> 10 steps {out['long_solved']}/{len(long)}, short templates {out['short_solved']}/{len(short)} ({out['wall_s']:.0f} s)", flush=True)
     return out
 
 

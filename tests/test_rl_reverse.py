@@ -74,3 +74,17 @@ def test_the_start_moves_back_as_groups_succeed_until_the_task_is_whole(task):
     with pytest.raises(ValueError, match="grow_at"):
         ReverseCurriculum(grow_at=0.0)
     assert RLConfig(curriculum={"start": 2}).curriculum.start == 2 and RLConfig().curriculum is None
+
+
+def test_the_pool_measures_each_tasks_length_and_an_unknown_one_is_refused(task, tmp_path):
+    from rl_tasks import stage_root
+
+    from mobilerl.rl.run import training_pool
+
+    unmeasured = dataclasses.replace(task, optimal_steps=0)  # as the train lists store them
+    with pytest.raises(ValueError, match="no optimal_steps"):
+        ReverseCurriculum().assign([unmeasured])
+    root = stage_root(tmp_path, [unmeasured], [task.optimal_steps])
+    assert [t.optimal_steps for t in training_pool(RLConfig(), root)] == [0]
+    [t] = ReverseCurriculum().assign(training_pool(RLConfig(curriculum={}), root))
+    assert t.optimal_steps == task.optimal_steps and t.expert_prefix == task.optimal_steps - 1

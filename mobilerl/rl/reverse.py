@@ -40,8 +40,11 @@ class ReverseCurriculum:
         return max(0, task.optimal_steps - self.k.get(self.key(task.task_id), self.start))
 
     def assign(self, tasks: Sequence[TaskSpec]) -> list[TaskSpec]:
-        """``tasks`` with their ``expert_prefix`` set."""
+        """``tasks`` with their ``expert_prefix`` set; each must know its length L (``optimal_steps``)."""
         for t in tasks:
+            if t.optimal_steps <= 0:
+                raise ValueError(f"rl.curriculum: {t.task_id} has no optimal_steps (0): the reverse curriculum needs "
+                                 "each task's length (rl.training_pool measures it for the simulator's tasks)")
             key = self.key(t.task_id)
             self.length[key] = max(self.length.get(key, 0), t.optimal_steps)
         return [dataclasses.replace(t, expert_prefix=self.prefix(t)) for t in tasks]

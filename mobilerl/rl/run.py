@@ -6,6 +6,8 @@ then the loop, and the trained policy written to ``rl.out``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -33,7 +35,8 @@ log = logging.getLogger(__name__)
 def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
     """The train tasks of ``cfg.suite`` (with ``test_half``: that half of its test tasks; and lab/train when
     ``lab_share`` > 0), per template at most ``tasks_per_template``, of the templates whose test tasks need at most
-    ``templates_max_steps`` optimal steps."""
+    ``templates_max_steps`` optimal steps; with ``curriculum``, each task's own optimal steps (the reverse curriculum's
+    L; train lists do not carry them)."""
     from mobilerl.env.androidworld import androidworld_tasks
     from mobilerl.tasks import halves, load_tasks
 
@@ -55,6 +58,10 @@ def training_pool(cfg: RLConfig, root: Path) -> list[TaskSpec]:
         if not tasks:
             raise ValueError(f"rl: no {suite}/{split} task passes templates_max_steps={cfg.templates_max_steps}")
         pool += tasks
+    if cfg.curriculum is not None and cfg.androidworld is None:  # train lists skip the oracle's run: L measured here
+        from mobilerl.env.sim.tasks import optimal_steps
+
+        pool = [t if t.optimal_steps else dataclasses.replace(t, optimal_steps=optimal_steps(t.task_id)) for t in pool]
     return pool
 
 
