@@ -7,7 +7,6 @@ then the loop, and the trained policy written to ``rl.out``."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import os
