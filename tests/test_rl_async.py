@@ -263,6 +263,25 @@ def test_each_worker_loads_a_new_version_by_itself_and_episodes_in_flight_go_on(
     assert sorted((i, v) for i, v, _, _ in loads) == [(0, 1), (1, 1)]  # one load per worker and version
 
 
+def test_a_load_whose_file_the_trainer_deleted_meanwhile_loads_the_newest_version(tmp_path):
+    class FileEngine(Engine):  # reads the file as the HF backend does: gone means FileNotFoundError
+        async def load(self, version, path):
+            if version == 1:
+                w.publish(4, tmp_path / "v4")  # the trainer moved on while this load was queued; v1 is deleted
+            Path(path).read_bytes()
+            await super().load(version, path)
+
+    (tmp_path / "v4").write_bytes(b"w")
+    loads: list = []
+    with ThreadWorkers(lambda i: FileEngine(i, log=loads), SlowEnv, workers=1, slots=1) as w:
+        w.publish(1, tmp_path / "v1")
+        w.jobs.put(Job(0, tasks(1, 0)[0], 0, 1))
+        got = [w.results.get(timeout=10) for _ in range(2)]
+    assert [v for _, v, _, _ in loads] == [4]
+    assert {x[0] for x in got} == {"load", "episode"}
+    assert next(x[2] for x in got if x[0] == "episode").policy_version == "4"
+
+
 def test_a_resumed_async_run_continues_from_its_checkpoint_at_its_untrained_draws(tmp_path):
     cfg = config(1, rounds=2)
     first = FakeTrainer(cfg)
