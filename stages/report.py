@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from mobilerl import tracking
 from mobilerl.config import ROOT, load_params, read_json, write_json
@@ -30,13 +31,18 @@ ABLATION = ROOT / "experiments" / "ablation" / "summary.json"  # the `ablation` 
 REPORTS = ROOT / "reports"
 
 
+def world_episodes(policy: str) -> Path | None:
+    """``policy``'s world/test episodes: all tasks' where ``evaluate.world_all`` ran it, else the spread subset's."""
+    return next((f for s in ("world_all", "world") if (f := TRAJECTORIES / f"{policy}__{s}.jsonl").is_file()), None)
+
+
 def main() -> None:
     cfg = load_params("report", ReportConfig)
     summary = read_json(SUMMARY)
     offline = read_json(OFFLINE) if OFFLINE.is_file() else {}
     sampled = read_json(SAMPLED) if SAMPLED.is_file() else {}
     curve = [json.loads(x) for x in RL_CURVE.read_text().splitlines()] if RL_CURVE.is_file() else []
-    world = {p: read_jsonl(f) for p in (RL_BEFORE, RL_AFTER) if (f := TRAJECTORIES / f"{p}__world.jsonl").is_file()}
+    world = {p: read_jsonl(f) for p in (RL_BEFORE, RL_AFTER) if (f := world_episodes(p))}
     reward = read_json(REWARD) if REWARD.is_file() else None
     ablation = read_json(ABLATION) if ABLATION.is_file() else None
     examples = []

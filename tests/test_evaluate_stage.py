@@ -191,6 +191,33 @@ def test_pass_k_study_samples_every_task_n_times(ckpt, tmp_path, monkeypatch):
     assert len(by_task) == 2 and all(len(v) > 1 for v in by_task.values())
 
 
+def test_world_all_runs_its_checkpoints_greedy_on_every_task_into_the_reports_metrics(ckpt, tmp_path, monkeypatch):
+    import contextlib
+    import types
+
+    import mobilerl.eval.benchmark as B
+    from mobilerl.eval.report import ReportConfig, metrics_json
+
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r"))
+    monkeypatch.setattr(B.tracking, "child_run", lambda *a, **k: contextlib.nullcontext(run))
+    monkeypatch.setattr(B.tracking, "log_metrics", lambda metrics: None)
+    world = [get_task(f"world/test/{t}/0") for t in ("CameraTakePhoto", "ContactsAddContact", "SystemWifiTurnOnOff")]
+    monkeypatch.setattr(B, "load_tasks", lambda suite, split, cap=None: world[:cap])  # the suite, 3 tasks long
+    cfg = config(tmp_path, suites=["world"], policies=["ck"], model_max_tasks=1, temperature=1.0, model_processes=1,
+                 offline_per_template=0, failure_images=0, world_all=["ck"],
+                 checkpoints={"ck": {"path": str(ckpt), "max_new_tokens": 4}})
+    check_policies(cfg)
+    summary, _, _ = B.evaluate_policies(cfg, tmp_path / "out")
+    assert summary["ck"]["world"]["eval/n_trajectories"] == 1  # the capped, sampled evaluation
+    s = summary["ck"]["world_all"]
+    assert (s["eval/n_trajectories"], s["temperature"]) == (3, 0.0)  # every task, greedy
+    assert len((tmp_path / "out" / "ck__world_all.jsonl").read_text().splitlines()) == 3
+    m = metrics_json(summary, ReportConfig())["ck"]["world_all"]
+    assert m["n"] == 3 and m["success_ci_low"] <= m["success_rate"] <= m["success_ci_high"]
+    with pytest.raises(ValueError, match=r"evaluate\.world_all\[0\]: 'nope'"):
+        check_policies(config(tmp_path, world_all=["nope"]))
+
+
 def test_the_random_baseline_is_scored_offline_as_the_floor(tmp_path, monkeypatch):
     import contextlib
     import types

@@ -59,8 +59,24 @@ def evaluate_policies(cfg: EvaluateConfig, out_dir: Path) -> tuple[dict, dict, d
     if not stepwise:
         print(f"evaluate: no offline step evaluation for profile {cfg.profile}: its prompt style (mobilerl) builds "
               "its observation tree from the raw UI dump, which offline step data does not hold")
+    summary_all = world_all(cfg, out_dir)
+    for name, s in summary_all.items():
+        summary.setdefault(name, {})["world_all"] = s
     sampled = pass_k_study(cfg, tasks_by_suite, out_dir)
     return summary, offline, sampled
+
+
+def world_all(cfg: EvaluateConfig, out_dir: Path) -> dict[str, dict]:
+    """``evaluate.world_all``: each listed checkpoint greedy on every world task of ``cfg.split`` (no per-template or
+    per-checkpoint cap), kept in ``<name>__world_all.jsonl``; ``{policy: summary}``."""
+    greedy = cfg.model_copy(update={"n_trials": 1, "temperature": 0.0})
+    tasks = load_tasks("world", cfg.split) if cfg.world_all else []
+    out: dict[str, dict] = {}
+    for name in cfg.world_all:
+        factory, concurrency = make_policy_factory(name, greedy)
+        out[name] = run_policy(name, factory, concurrency, tasks, greedy, f"{name}/world_all",
+                               out_dir / f"{name}__world_all.jsonl")
+    return out
 
 
 def suite_tasks(suite: str, cfg: EvaluateConfig) -> list[TaskSpec]:

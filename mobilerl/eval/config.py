@@ -85,6 +85,8 @@ class EvaluateConfig(StageConfig):
         description="AndroidControl modes of the offline evaluation: high (goal + history) and/or low (the step's "
                     "own instruction, derived from the expert's action where the record has none; no history).")
 
+    world_all: list[str] = Field([], description=(
+        "Checkpoints also run greedy on every world task of the split (summary key world_all: the RL target's figures)."))
     pass_k: PassKConfig = Field(default_factory=PassKConfig,
                                 description="Sampling study: n trials per task at a temperature, for pass@k.")
 
@@ -123,6 +125,11 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
                              f"needs an entry under evaluate.checkpoints)")
         _check_model_dir(name, cfg, root)
         _check_reads_pixels(cfg)
+    for i, name in enumerate(cfg.world_all):
+        if name not in cfg.checkpoints:
+            raise ValueError(f"evaluate.world_all[{i}]: {name!r} is not a checkpoint (known: "
+                             f"{', '.join(cfg.checkpoints) or 'none'})")
+        _check_model_dir(name, cfg, root)
     for i, name in enumerate(cfg.pass_k.policies):
         if name not in cfg.checkpoints:
             raise ValueError(f"evaluate.pass_k.policies[{i}]: {name!r} is not a checkpoint (known: "

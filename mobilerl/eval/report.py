@@ -118,6 +118,8 @@ def render_markdown(summary: dict, cfg: ReportConfig, figures: list[str], offlin
               ""]
     # Table 1: policy × benchmark
     lines += ["## Success rate by benchmark", ""]
+    if "world_all" in suites:
+        lines += ["world_all: every world/test task, greedy (`evaluate.world_all`); world: the spread subset.", ""]
     head = ["policy"] + [f"{s} SR" for s in suites] + (["lab Sub-SR"] if "lab" in suites else []) + ["runs"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in policies:
@@ -209,7 +211,7 @@ def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None, 
                 "mlflow_run_id": x.get("mlflow_run_id", "")}
     for p, suites in summary.items():
         for s, x in suites.items():
-            m = {"success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],
+            m = {"n": x.get("eval/n_trajectories"), "success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],
                  "success_ci_high": x["eval/success_ci_high"], "n_env_failed": x.get("eval/n_env_failed", 0),
                  "mlflow_run_id": x.get("mlflow_run_id", "")}
             for k in cfg.k_values:
