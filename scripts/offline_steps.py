@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoint", help="model folder (HF format), e.g. models/tiny-base")
     ap.add_argument("--splits", nargs="+", default=["train", "test"], choices=["train", "test"])
     ap.add_argument("--per-template", type=int, default=1, help="expert-rolled tasks per template")
+    ap.add_argument("--reasoning", action="store_true", help="prompt for <think> (a reasoning checkpoint)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: the profile's)")
     args = ap.parse_args(argv)
 
     from mobilerl.config import load_params
@@ -33,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from mobilerl.eval.offline import offline_episodes
 
     cfg = load_params("evaluate", EvaluateConfig)
-    policy = checkpoint_policy(Path(args.checkpoint).name, CheckpointSpec(path=args.checkpoint), cfg)
+    policy = checkpoint_policy(Path(args.checkpoint).name, CheckpointSpec(path=args.checkpoint, reasoning=args.reasoning,
+                                                                             max_new_tokens=args.max_new_tokens), cfg)
     for split in args.splits:
         c = cfg.model_copy(update={"split": split, "offline_per_template": args.per_template})
         episodes = offline_episodes(c)
