@@ -130,7 +130,7 @@ def test_vl_smoke_released_checkpoint_evaluated_in_the_official_format(tmp_path)
             "evaluate.profile": "vl_smoke_mobilerl", "evaluate.suites": ["world"], "evaluate.policies": ["vl"],
             "evaluate.checkpoints": {"vl": {"path": "VL-Smoke", "max_new_tokens": 12}},
             "evaluate.max_per_template": 1, "evaluate.model_max_tasks": 2, "evaluate.model_processes": 1,
-            "evaluate.pass_k": {"policies": []}})
+            "evaluate.pass_k": {"policies": []}, "evaluate.world_all": []})
         _wait_healthy(f"http://127.0.0.1:{port}/health", server)
         t_up = time.perf_counter() - t_start
         t0 = time.perf_counter()
