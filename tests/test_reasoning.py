@@ -116,33 +116,6 @@ def test_target_style_names_a_unique_target_in_the_bases_question_words(steps):
         SimTeacher(style="poetry")
 
 
-def test_plan_style_carries_the_steps_place_and_the_next_sub_goal_into_the_next_steps_thought(trajs):
-    import re
-
-    episodes = expert_episodes(trajs)
-    teacher = SimTeacher(p_wrong=0.0, style="plan")
-    for ep in episodes:
-        teacher.register_episode(ep)
-    for ep in episodes:
-        cands = asyncio.run(propose(teacher, ep, k=1, sampling=SamplingConfig(temperature=1.0, seed=2)))
-        thinks = [c.text.split("<think>")[1].split("</think>")[0] for [c] in cands]
-        assert all(c.accepted for [c] in cands)
-        for i, think in enumerate(thinks):
-            assert think.startswith(f"step {i + 1}/{len(ep)}; "), think
-            now = re.search(r"now: ([^;]+)", think).group(1)
-            if i + 1 < len(ep):  # what this thought plans next is what the next one does
-                assert re.search(r"then: (.+)$", think).group(1) == re.search(r"now: ([^;]+)", thinks[i + 1]).group(1)
-                assert f"done: {now}" in thinks[i + 1]
-            else:
-                assert now.startswith(("done", "answer")) and "then:" not in think
-    with pytest.raises(KeyError, match="register_episode"):
-        bare = SimTeacher(style="plan")
-        bare.register(episodes[0][0])
-        asyncio.run(propose(bare, episodes[0][:1], k=1, sampling=SamplingConfig(seed=0)))
-    with pytest.raises(ValueError, match="plan_ahead"):
-        SimTeacher(style="plan", plan_ahead=-1)
-
-
 class _Scorer:
     """A policy stand-in whose score prefers longer explanations; proposes the expert action twice."""
 

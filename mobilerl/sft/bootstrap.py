@@ -48,7 +48,7 @@ class BootstrapConfig(StageConfig):
     sft_dataset: str = Field("data/sft/dataset", description="The reasoning-free dataset whose episodes, split "
                                                              "and prompt format are used.")
     teacher: dict[str, Any] = Field(default_factory=lambda: {"kind": "sim", "p_wrong": 0.3},
-                                    description="M: {kind: sim, p_wrong, restate_task, style, plan_ahead} (simulator teacher) "
+                                    description="M: {kind: sim, p_wrong, restate_task, style} (simulator teacher) "
                                                 "or a make_backend spec, e.g. {kind: openai, base_url, model}.")
     teacher_prompt_style: Literal["full", "compact"] | None = Field(
         None, description="System prompt style shown to M (null: the dataset's; full for an off-the-shelf "
@@ -67,12 +67,12 @@ def make_teacher(spec: dict[str, Any]) -> Any:
     """M from its params spec: the simulator teacher (``kind: sim``) or a generation backend."""
     spec = dict(spec)
     if spec.get("kind") == "sim":
-        unknown = sorted(set(spec) - {"kind", "p_wrong", "restate_task", "style", "plan_ahead"})
+        unknown = sorted(set(spec) - {"kind", "p_wrong", "restate_task", "style"})
         if unknown:
             raise ValueError(f"reasoning_bootstrap.teacher.{unknown[0]}: unknown key for kind 'sim' "
-                             f"(known: p_wrong, restate_task, style, plan_ahead)")
+                             f"(known: p_wrong, restate_task, style)")
         return SimTeacher(p_wrong=float(spec.get("p_wrong", 0.3)), restate_task=float(spec.get("restate_task", 1.0)),
-                          style=str(spec.get("style", "prose")), plan_ahead=int(spec.get("plan_ahead", 1)))
+                          style=str(spec.get("style", "prose")))
     from mobilerl.models.backends import make_backend
 
     return make_backend(spec)
@@ -119,8 +119,8 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
 
     teacher = make_teacher(cfg.teacher)
     if isinstance(teacher, SimTeacher):
-        for ep in episodes["train"] + episodes["val"]:
-            teacher.register_episode(ep, teacher_fmt)
+        for st in steps:
+            teacher.register(st, teacher_fmt)
     sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                               seed=cfg.seed)
     t0 = time.perf_counter()

@@ -5,9 +5,8 @@ matches the expert's (:func:`actions_match`) is kept; the kept set trains π₀.
 proposes, its best-scored match (mean token logprob) replaces the step's explanation, π_{t+1} trains on it.
 Without real weights :class:`SimTeacher` is M behind the generation interface: it explains the action
 registered with :meth:`SimTeacher.register` from the screen, argues for a wrong one with probability
-``p_wrong``, restates the task in a share ``restate_task``, and writes ``style`` ``prose``, ``target``
-(the step's target in the base's pretraining questions) or ``plan`` (the step's place in the expert's procedure;
-docs/sft.md). Prompts show the chosen
+``p_wrong``, restates the task in a share ``restate_task``, and writes ``style`` ``prose`` or ``target``
+(the step's target in the base's pretraining questions; docs/sft.md). Prompts show the chosen
 explanations of earlier steps (:func:`with_history`).
 """
 
@@ -222,27 +221,22 @@ class _Known:
     lines: list[CompressedNode] = field(default_factory=list)
     app: str = ""
     marks_of: str | None = None  # marks frame: the pixel screen whose line numbers the answers name
-    plan: tuple[str, ...] = ()  # style plan: every step's decision in the episode (the expert's procedure)
-    index: int = 0  # this step's place in it
 
 
 class SimTeacher:
     """The embedded default's instruct model M (see the module docstring). Implements ``generate`` of the
     generation interface; ``score`` is not offered (M only proposes)."""
 
-    STYLES = ("prose", "target", "plan")
+    STYLES = ("prose", "target")
 
-    def __init__(self, p_wrong: float = 0.3, restate_task: float = 1.0, style: str = "prose", plan_ahead: int = 1):
+    def __init__(self, p_wrong: float = 0.3, restate_task: float = 1.0, style: str = "prose"):
         if not 0 <= restate_task <= 1:
             raise ValueError(f"restate_task must be in [0, 1], got {restate_task}")
         if style not in self.STYLES:
             raise ValueError(f"style must be one of {self.STYLES}, got {style!r}")
-        if plan_ahead < 0:
-            raise ValueError(f"plan_ahead must be >= 0, got {plan_ahead}")
         self.p_wrong = p_wrong
         self.restate_task = restate_task
         self.style = style
-        self.plan_ahead = plan_ahead
         self._known: dict[str, _Known] = {}
 
     @staticmethod
@@ -251,23 +245,11 @@ class SimTeacher:
         return hashlib.sha1(user.encode()).hexdigest()
 
     def register(self, step: ExpertStep, fmt: PromptFormat = PromptFormat()) -> None:
-        """Teach M the expert's action of ``step`` (style ``plan`` needs :meth:`register_episode`)."""
-        self._known[self._key(step.messages(fmt))] = self._of(step)
-
-    def register_episode(self, episode: Sequence[ExpertStep], fmt: PromptFormat = PromptFormat()) -> None:
-        """Every step of an expert episode, each knowing the whole procedure (what a capable M infers from the
-        instruction: the template's sub-goals) and its place in it."""
-        known = [self._of(st) for st in episode]
-        plan = tuple(self._core(k, k.action) for k in known)
-        for i, (st, k) in enumerate(zip(episode, known, strict=True)):
-            self._known[self._key(st.messages(fmt))] = replace(k, plan=plan, index=i)
-
-    @staticmethod
-    def _of(step: ExpertStep) -> _Known:
         marks = step.screen_px is not None and step.action_px is not None
-        return _Known(step.action_px if marks else step.action, step.instruction,  # type: ignore[arg-type]
-                      parse_compressed(step.screen_px if marks else step.xml_compressed), step.app,
-                      step.screen_px if marks else None)
+        self._known[self._key(step.messages(fmt))] = _Known(
+            step.action_px if marks else step.action, step.instruction,  # type: ignore[arg-type]
+            parse_compressed(step.screen_px if marks else step.xml_compressed), step.app,
+            step.screen_px if marks else None)
 
     async def generate(self, requests: Sequence[ChatRequest], sampling: SamplingConfig) -> list[Generation]:
         out = []
@@ -316,25 +298,6 @@ class SimTeacher:
     def _target(self, known: _Known, action: Action, rng: random.Random) -> str:
         """Style ``target``: the step's decision in the words of the base's pretraining questions
         (``tap "Stopwatch"``, ``type "…"``): the thought names *what* to act on, the answer grounds it."""
-        return rng.choice(["", "next: ", "now "]) + self._core(known, action)
-
-    def _plan(self, known: _Known, action: Action) -> str:
-        """Style ``plan``: where the step is in the task's procedure, ``step 2/4; done: open Contacts; now: tap
-        "Create contact"; then: type "Ada"`` (``plan_ahead`` sub-goals after this one): the previous step's
-        thought carries this one's, so the policy reads its progress instead of inferring it from the screen."""
-        if not known.plan:
-            raise KeyError("SimTeacher style plan: register the step with register_episode (it needs the episode)")
-        i, plan = known.index, known.plan
-        parts = [f"step {i + 1}/{len(plan)}"]
-        if i:
-            parts.append(f"done: {plan[i - 1]}")
-        parts.append(f"now: {self._core(known, action)}")
-        ahead = plan[i + 1:i + 1 + self.plan_ahead]
-        if ahead:
-            parts.append("then: " + ", ".join(ahead))
-        return "; ".join(parts)
-
-    def _core(self, known: _Known, action: Action) -> str:
         n = action.name
         if n in (A.TAP, A.LONG_PRESS):
             core = f"{'tap' if n == A.TAP else 'long-press'} {self._name(known, action.element)}"
@@ -348,14 +311,12 @@ class SimTeacher:
             core = f"answer {quote_label(action.message)}" if action.message else "done"
         else:
             core = n.lower()
-        return core
+        return rng.choice(["", "next: ", "now "]) + core
 
     def _explain(self, known: _Known, rng: random.Random) -> tuple[Action, str]:
         action = known.action if rng.random() >= self.p_wrong else self._wrong(known, rng)
         if self.style == "target":
             return action, self._target(known, action, rng)
-        if self.style == "plan":
-            return action, self._plan(known, action)
         task = known.instruction.rstrip(".")
         where = rng.choice([f"The {known.app} app is open." if known.app and known.app != "Home"
                             else "I am on the home screen.",
