@@ -125,15 +125,16 @@ def check_policies(cfg: EvaluateConfig, root: Path = ROOT) -> None:
                              f"needs an entry under evaluate.checkpoints)")
         _check_model_dir(name, cfg, root)
         _check_reads_pixels(cfg)
-    for i, name in enumerate(cfg.world_all):
+    _check_checkpoints("world_all", cfg.world_all, "", cfg, root)
+    _check_checkpoints("pass_k.policies", cfg.pass_k.policies, "; the baselines need no sampling study", cfg, root)
+
+
+def _check_checkpoints(key: str, names: list[str], why: str, cfg: EvaluateConfig, root: Path) -> None:
+    """Every name of ``evaluate.<key>`` is a listed checkpoint whose directory holds a model."""
+    for i, name in enumerate(names):
         if name not in cfg.checkpoints:
-            raise ValueError(f"evaluate.world_all[{i}]: {name!r} is not a checkpoint (known: "
-                             f"{', '.join(cfg.checkpoints) or 'none'})")
-        _check_model_dir(name, cfg, root)
-    for i, name in enumerate(cfg.pass_k.policies):
-        if name not in cfg.checkpoints:
-            raise ValueError(f"evaluate.pass_k.policies[{i}]: {name!r} is not a checkpoint (known: "
-                             f"{', '.join(cfg.checkpoints) or 'none'}); the baselines need no sampling study")
+            raise ValueError(f"evaluate.{key}[{i}]: {name!r} is not a checkpoint (known: "
+                             f"{', '.join(cfg.checkpoints) or 'none'}){why}")
         _check_model_dir(name, cfg, root)
 
 

@@ -211,8 +211,8 @@ def metrics_json(summary: dict, cfg: ReportConfig, offline: dict | None = None, 
                 "mlflow_run_id": x.get("mlflow_run_id", "")}
     for p, suites in summary.items():
         for s, x in suites.items():
-            m = {"n": x.get("eval/n_trajectories"), "success_rate": x["eval/success_rate"], "success_ci_low": x["eval/success_ci_low"],
-                 "success_ci_high": x["eval/success_ci_high"], "n_env_failed": x.get("eval/n_env_failed", 0),
+            m = {"n": x.get("eval/n_trajectories"), "success_rate": x["eval/success_rate"],
+                 "success_ci_low": x["eval/success_ci_low"], "success_ci_high": x["eval/success_ci_high"], "n_env_failed": x.get("eval/n_env_failed", 0),
                  "mlflow_run_id": x.get("mlflow_run_id", "")}
             for k in cfg.k_values:
                 m[f"pass@{k}"] = x.get(f"eval/pass@{k}")

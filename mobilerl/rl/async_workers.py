@@ -131,17 +131,20 @@ async def serve(engine: Engine, envs: EnvFactory | EnvServers, slots: int, jobs:
         if published.version <= engine.version or stop.is_set():  # stopping: the last version's file may be gone
             return
         async with load_lock:  # one load per version; this worker's other slots wait, the other workers go on
+            version, path = published.get()
+            if version <= engine.version:
+                return
             t0 = time.perf_counter()
-            while (version_path := published.get())[0] > engine.version:
-                version, path = version_path
+            while True:
                 try:
                     await engine.load(version, path)
+                    break
                 except FileNotFoundError:
                     # the trainer deletes a file 3 versions on: a load queued that long loads the newest instead
                     if published.version <= version or stop.is_set():
                         raise
-                    continue
-                results.put(("load", worker, version, time.perf_counter() - t0))
+                    version, path = published.get()
+            results.put(("load", worker, version, time.perf_counter() - t0))
 
     async def slot(pool: EnvPool) -> None:
         annotate = getattr(engine, "annotate", None)  # what an engine records of the episode it served
