@@ -8,7 +8,7 @@ and "ended with finish" baselines (:mod:`mobilerl.reward.train`). Refuses traces
 Outs: ``data/checkpoints/reward_model`` (weights + ``reward_model.json``, what
 :meth:`mobilerl.reward.judge.RewardModel.from_checkpoint` loads), ``data/reward/dataset``, ``data/reward/eval``
 (predictions, rendered examples); metrics: ``data/reward/metrics.json`` (``accuracy``, ``precision``, ``recall``,
-``f1``, ``n``, ``confusion``, ``by_policy``, ``baselines``).
+``f1``, ``n``, ``confusion``, ``by_source``, ``baselines``).
 """
 
 from __future__ import annotations

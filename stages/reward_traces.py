@@ -23,14 +23,14 @@ def main() -> None:
     cfg = load_params(SECTION, RewardTracesConfig)
     with tracking.stage_run(SECTION, cfg.model_dump()) as run_:
         metrics = collect_traces(cfg, OUT / "traces")
-        tracking.log_metrics({SECTION: {s: {k: v for k, v in metrics[s].items() if k != "by_policy"}
+        tracking.log_metrics({SECTION: {s: {k: v for k, v in metrics[s].items() if k != "by_source"}
                                         for s in ("train", "test")}})
         metrics["mlflow_run_id"] = run_.info.run_id
     write_json(OUT / "traces.json", metrics)
     for s in ("train", "test"):
         m = metrics[s]
         print(f"reward_traces: {s}: {m['kept']} of {m['collected']} traces kept ({m['positive']} positive) over "
-              f"{m['tasks']} tasks; {m['by_policy']}")
+              f"{m['tasks']} tasks; {m['by_source']}")
     privacy = metrics["privacy"]
     print(f"reward_traces: privacy audit: {privacy['findings']} findings")
     if not privacy["passed"]:

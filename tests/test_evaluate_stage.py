@@ -270,12 +270,19 @@ def test_report_puts_the_reward_models_held_out_figures_beside_its_baselines(tmp
                 "confusion": {"tp": tp, "fp": fp, "tn": tn, "fn": fn}}
 
     reward = {**figures(74, 17, 60, 3), "baselines": {"majority_class": figures(77, 77, 0, 0)},
-              "by_policy": {"oracle": figures(39, 0, 0, 1)}}
+              "by_source": {"oracle": figures(39, 0, 0, 1), "sft_reasoning_free": figures(0, 3, 14, 0)},
+              "threshold": 0.62, "calibration": {"ece": 0.071, "bins": [
+                  {"low": 0.0, "high": 0.1, "n": 60, "mean_score": 0.04, "success_rate": 0.05},
+                  {"low": 0.9, "high": 1.0, "n": 94, "mean_score": 0.95, "success_rate": 0.79}]}}
     md, metrics = build_report({}, ReportConfig(), tmp_path, reward=reward, reward_examples=["reward_wrong_0.png"])
     assert metrics["reward_model"]["accuracy"] == pytest.approx(134 / 154) and metrics["reward_model"]["n"] == 154
+    assert metrics["reward_model"]["by_source"] == {"oracle": {"n": 40, "accuracy": 39 / 40},
+                                                    "sft_reasoning_free": {"n": 17, "accuracy": 14 / 17}}
+    assert metrics["reward_model"]["threshold"] == 0.62 and metrics["reward_model"]["ece"] == 0.071
     assert "| trained judge | 154 | 0.870 | 0.813 | 0.961 | 0.881 | 74 / 17 / 60 / 3 |" in md
     assert "| baseline: majority class | 154 | 0.500 |" in md and "| oracle | 40 |" in md
     assert "![reward_wrong_0](figures/reward_wrong_0.png)" in md
+    assert "threshold 0.620" in md and (tmp_path / "reward_reliability.png").stat().st_size > 1000
 
 
 def test_too_many_episodes_lost_to_env_failures_fail_the_stage(tmp_path, monkeypatch):

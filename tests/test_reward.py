@@ -108,6 +108,22 @@ def test_labels_noise_and_balance():
     assert [r["i"] for r in kept] == sorted(r["i"] for r in kept)  # order kept
 
 
+def test_a_checkpoint_rolls_out_at_each_temperature_as_one_source_and_no_source_dominates():
+    from mobilerl.reward.traces import RewardTracesConfig, cap_sources, policies
+
+    cfg = RewardTracesConfig(slip_rates=[], early_finish=None, random=False, temperatures=[0.7, 1.0],
+                             checkpoints={"sft": {"path": "models/tiny-base", "max_tasks": 5},
+                                          "absent": {"path": "data/no/such/checkpoint"}})
+    srcs = policies(cfg)
+    assert [(s.name, s.store, s.cap) for s in srcs] == [("oracle", "oracle", None), ("sft", "sft_t0.7", 5),
+                                                         ("sft", "sft_t1", 5)]
+    assert [s.factory(0).sampling.temperature for s in srcs[1:]] == [0.7, 1.0]
+    rows = [{"policy": "sft", "i": i} for i in range(30)] + [{"policy": "oracle", "i": 30 + i} for i in range(4)]
+    kept = cap_sources(rows, 10, seed=0)
+    assert sum(r["policy"] == "sft" for r in kept) == 10 and sum(r["policy"] == "oracle" for r in kept) == 4
+    assert [r["i"] for r in kept] == sorted(r["i"] for r in kept)
+
+
 class _Backend:
     """Answers by the trajectory's instruction, with a token table (as the HF backend has)."""
 
@@ -176,7 +192,7 @@ def test_binary_metrics_and_per_policy_report():
     assert m["recall"] == pytest.approx(2 / 3) and m["f1"] == pytest.approx(2 / 3)
     assert binary_metrics([0, 0], [0, 0])["f1"] == 0.0  # undefined -> 0
     r = judge_report([1, 0, 1], [1, 0, 0], ["oracle", "random", "random"])
-    assert r["by_policy"]["oracle"]["accuracy"] == 1.0 and r["by_policy"]["random"]["confusion"]["fp"] == 1
+    assert r["by_source"]["oracle"]["accuracy"] == 1.0 and r["by_source"]["random"]["confusion"]["fp"] == 1
 
 
 def test_judge_settings_round_trip_and_errors(tmp_path):
@@ -190,3 +206,20 @@ def test_judge_settings_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="temperature > 0"):
         J.RewardModel(_Backend({}), samples=3)
     assert asyncio.run(J.RewardModel(_Backend({})).ascore([])) == []
+
+
+def test_the_threshold_is_chosen_on_the_training_scores_and_the_calibration_bins_the_held_out_ones():
+    from mobilerl.reward.train import calibration, choose_threshold
+
+    # a judge whose failures score up to 0.7: at 0.5 it passes two of them, above 0.7 none
+    scores, labels = [0.1, 0.6, 0.7, 0.8, 0.9, 0.95], [0, 0, 0, 1, 1, 1]
+    t = choose_threshold(scores, labels)
+    assert 0.7 <= t < 0.8 and [int(s > t) for s in scores] == labels
+    assert choose_threshold([0.2, 0.9], [0, 1]) == 0.5  # of equals, the one nearest 0.5
+    c = calibration([0.05, 0.05, 0.95, 0.95, 1.0], [0, 1, 1, 1, 1], bins=10)
+    assert [(b["n"], b["success_rate"]) for b in c["bins"]] == [(2, 0.5), (3, 1.0)]
+    assert c["ece"] == pytest.approx((2 * 0.45 + 3 * abs(2.9 / 3 - 1.0)) / 5)
+    s = J.JudgeSettings(threshold=0.7)
+    assert J.RewardModel(_Backend({}), s).threshold == 0.7
+    with pytest.raises(ValueError, match="threshold must be in"):
+        J.JudgeSettings(threshold=1.0)

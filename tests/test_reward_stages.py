@@ -95,7 +95,7 @@ def test_reward_model_trains_registers_and_reports_against_baselines(repo, trace
     assert m["n"] == n_test and sum(m["confusion"].values()) == n_test
     assert {"accuracy", "precision", "recall", "f1"} <= set(m) and set(m["baselines"]) == {"majority_class",
                                                                                          "ended_with_finish"}
-    assert set(m["by_policy"]) <= {"oracle", "noisy_0.5", "oracle_early_finish", "random"}
+    assert set(m["by_source"]) <= {"oracle", "noisy_0.5", "oracle_early_finish", "random"}
     assert m["train"]["steps"] == 3 and m["dataset"]["records"] > 0
     ckpt = repo.work / "data" / "checkpoints" / "reward_model"
     mlflow.set_tracking_uri(repo.env["MLFLOW_TRACKING_URI"])

@@ -397,6 +397,7 @@ def test_a_workers_refreshed_weights_are_the_trainers_of_that_version(tmp_path):
     with ThreadWorkers(engine, lambda: InlineEnv(SimEnv(render=False)), workers=2, slots=2) as w:
         curve = train_async(trainer, w, pool, tmp_path, progress=False, judge=Judge())
     assert all(c["train/rows"] > 0 for c in curve) and sum(c["async/worker_loads"] for c in curve) >= 2
+    assert all(c["reward/verifier_pass"] == 0.0 for c in curve)  # the monitor's replay: the base solves nothing
     assert all(c["loss/logprob_gap_max"] < 1e-3 for c in curve), [c["loss/logprob_gap_max"] for c in curve]
     assert all(c["loss/tis_mean"] == pytest.approx(1.0, abs=1e-3) for c in curve)
 
@@ -451,6 +452,7 @@ def test_judge_all_and_distrl_run_in_the_async_loop(tmp_path):
     with workers() as w:
         curve = train_async(trainer, w, tasks(), tmp_path, progress=False, judge=Judge())
     assert all(c["reward/judged"] == c["rollout/episodes"] and "rollout/verified_success" in c for c in curve)
+    assert all(c["reward/audited"] >= 1 and "reward/judge_minus_verifier" in c for c in curve)  # the monitor
     assert curve[-1]["distrl/buffer_size"] > 0 and sum(c["distrl/replayed"] for c in curve) > 0
     assert all(0 < c["distrl/retrace_weight_mean"] <= 1 for c in curve[1:])  # stale fresh rows are traced too
 

@@ -302,14 +302,45 @@ def build_report(summary: dict, cfg: ReportConfig, figures_dir: Path, offline: d
     if ablation and ablation.get("variants"):
         metrics["ablation"] = abl.metrics(ablation)
     if reward:
-        md = md.rstrip("\n") + "\n\n" + "\n".join(reward_section(reward, reward_examples or []))
+        diagram = plot_reliability(reward.get("calibration"), figures_dir)
+        md = md.rstrip("\n") + "\n\n" + "\n".join(reward_section(reward, reward_examples or [],
+                                                                   diagram and Path(diagram).name))
         metrics["reward_model"] = {k: reward[k] for k in ("accuracy", "precision", "recall", "f1", "n")}
+        metrics["reward_model"]["by_source"] = {k: {"n": v["n"], "accuracy": v["accuracy"]}
+                                                for k, v in sorted(reward.get("by_source", {}).items())}
+        if "calibration" in reward:
+            metrics["reward_model"] |= {"threshold": reward["threshold"], "ece": reward["calibration"]["ece"]}
     return md, metrics
 
 
-def reward_section(m: dict, examples: list[str]) -> list[str]:
+def plot_reliability(calibration: dict | None, outdir: Path) -> str | None:
+    """``reward_reliability.png``: the judge's held-out success share against its mean score, per score bin."""
+    if not calibration or not calibration.get("bins"):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = calibration["bins"]
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    ax.plot([0, 1], [0, 1], ls="--", color="grey", label="calibrated")
+    ax.plot([b["mean_score"] for b in bins], [b["success_rate"] for b in bins], marker="o",
+            label=f"judge (ECE {calibration['ece']:.3f})")
+    for b in bins:
+        ax.annotate(str(b["n"]), (b["mean_score"], b["success_rate"]), fontsize=7, xytext=(3, -9),
+                    textcoords="offset points")
+    ax.set_xlabel("P(completed), bin mean")
+    ax.set_ylabel("completed (held-out share)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    return _save(fig, ax, "Reward model reliability", outdir / "reward_reliability.png")
+
+
+def reward_section(m: dict, examples: list[str], diagram: str | None = None) -> list[str]:
     """The reward model on held-out traces (the `reward_model` stage's metrics): the judge beside its baselines,
-    per source policy, and a few rendered traces it judged right and wrong (``examples``: figure file names)."""
+    per source policy, its reliability ``diagram`` (a figure file name), and a few rendered traces it judged
+    right and wrong (``examples``: figure file names)."""
 
     def row(name: str, r: dict) -> str:
         c = r["confusion"]
@@ -322,10 +353,14 @@ def reward_section(m: dict, examples: list[str]) -> list[str]:
                                         for k, v in sorted(m.get("baselines", {}).items()))]
     if "zero_shot" in m:
         lines.append(row("zero-shot judge", m["zero_shot"]))
-    if m.get("by_policy"):
+    if m.get("by_source"):
         lines += ["", "Per source policy (trained judge):", "", "| policy | traces | accuracy | precision | recall | "
                   "F1 | TP / FP / TN / FN |", "|---|---|---|---|---|---|---|",
-                  *(row(k, v) for k, v in sorted(m["by_policy"].items()))]
+                  *(row(k, v) for k, v in sorted(m["by_source"].items()))]
+    if diagram:
+        lines += ["", f"Calibration: threshold {m['threshold']:.3f} (chosen on the training traces), expected "
+                      f"calibration error {m['calibration']['ece']:.3f} on the held-out ones.", "",
+                  f"![reward model reliability](figures/{diagram})"]
     if examples:
         lines += ["", "Rendered traces (`right_*`: judged correctly, `wrong_*`: not):", ""]
         lines += [f"![{Path(e).stem}](figures/{e})" for e in examples]

@@ -50,13 +50,17 @@ SYSTEM = {
 @dataclass(frozen=True)
 class JudgeSettings:
     """How a judge reads a trace and answers: ``answer`` (think | score), ``view`` (text: the text form with the
-    last ``screens`` screens' XML; image: the concatenated screenshots and the action descriptions)."""
+    last ``screens`` screens' XML; image: the concatenated screenshots and the action descriptions), and the
+    ``threshold`` its score is read at."""
 
     answer: Literal["think", "score"] = "score"
     view: Literal["text", "image"] = "text"
     screens: int = 1
+    threshold: float = 0.5  # a score above it is a success (the reward_model stage picks it on the training traces)
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
         if self.answer not in SYSTEM:
             raise ValueError(f"answer must be one of {sorted(SYSTEM)}, got {self.answer!r}")
         if self.view not in ("text", "image"):
@@ -130,6 +134,7 @@ class RewardModel:
             raise ValueError("a k-sample vote needs temperature > 0 (greedy samples are all alike)")
         self.backend = backend
         self.settings = settings or JudgeSettings()
+        self.threshold = self.settings.threshold
         self.samples = samples
         self.sampling = SamplingConfig(temperature=temperature, seed=seed,
                                        max_new_tokens=max_new_tokens if self.settings.answer == "think" else 4)

@@ -65,11 +65,15 @@ class RewardTracesConfig(StageConfig):
         {}, description="SFT checkpoint policies (name -> {path, reasoning, max_new_tokens, max_tasks}); one "
                         "whose directory does not exist is skipped. max_tasks caps its tasks per split.")
     profile: str = Field("tiny", description="Model profile of the checkpoints (backend and prompt format).")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature of the checkpoint policies.")
+    temperatures: list[float] = Field([1.0], min_length=1, description=(
+        "Sampling temperatures each checkpoint policy rolls out at (its traces, all temperatures, one source)."))
     model_concurrency: int = Field(32, ge=1, description="Episodes in flight for a checkpoint policy.")
     label_noise: float = Field(0.0, ge=0, le=0.5, description="Probability of flipping a lab/train label "
                                                               "(the majority vote's bias; lab/test: never).")
     balance: bool = Field(True, description="Downsample the majority class of each split to the minority's size.")
+    source_cap: float | None = Field(1.0, gt=0, description=(
+        "A source keeps at most this many traces per task of its split, drawn before the classes are balanced, "
+        "so no source dominates (null: all)."))
     train_screenshots: bool = Field(False, description="Store (masked) screenshots of the lab/train traces "
                                                        "too (the image-form judge of the large profiles).")
     test_screenshot_tasks: int | None = Field(
@@ -124,30 +128,48 @@ class EarlyFinishPolicy:
         return await self.inner.act(ctx)
 
 
-def policies(cfg: RewardTracesConfig, root: Path = ROOT) -> dict[str, tuple[Callable[[int], Any], int, int | None]]:
-    """``name -> (seed -> policy, episodes in flight, task cap)``; checkpoints without a directory are left out."""
-    out: dict[str, tuple[Callable[[int], Any], int, int | None]] = {}
+@dataclass(frozen=True)
+class Source:
+    """A policy that rolls out: ``name`` (the source its traces count under), ``seed -> policy``, episodes in
+    flight, its task cap, and ``store``, the name of its stores (a checkpoint's carries its temperature)."""
+
+    name: str
+    factory: Callable[[int], Any]
+    concurrency: int
+    cap: int | None = None
+    store: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.store:
+            object.__setattr__(self, "store", self.name)
+
+
+def policies(cfg: RewardTracesConfig, root: Path = ROOT) -> list[Source]:
+    """The sources in rollout order; checkpoints without a directory are left out."""
+    out: list[Source] = []
     if cfg.oracle:
         oracle = OraclePolicy()
-        out["oracle"] = (lambda s: oracle, cfg.concurrency, None)
+        out.append(Source("oracle", lambda s: oracle, cfg.concurrency))
     for rate in cfg.slip_rates:
         name = f"noisy_{rate:g}"
-        out[name] = (functools.partial(_noisy, rate=rate, name=name), cfg.concurrency, None)
+        out.append(Source(name, functools.partial(_noisy, rate=rate, name=name), cfg.concurrency))
     if cfg.early_finish is not None:
-        out["oracle_early_finish"] = (functools.partial(_early, rate=cfg.early_finish), cfg.concurrency, None)
+        out.append(Source("oracle_early_finish", functools.partial(_early, rate=cfg.early_finish), cfg.concurrency))
     if cfg.random:
-        out["random"] = (lambda s: RandomPolicy(s), cfg.concurrency, None)
+        out.append(Source("random", lambda s: RandomPolicy(s), cfg.concurrency))
     if cfg.checkpoints:
         from mobilerl.eval.checkpoints import checkpoint_policy
 
-        ecfg = EvaluateConfig(profile=cfg.profile, temperature=cfg.temperature, seed=cfg.seed,
-                              checkpoints=cfg.checkpoints)
+        builtin = {s.name for s in out}
         for name, spec in cfg.checkpoints.items():
-            if name in out:
+            if name in builtin:
                 raise ValueError(f"reward_traces.checkpoints.{name}: {name!r} is a built-in policy name; pick another")
-            if (checkpoint_path(spec, root) / "config.json").is_file():
-                out[name] = (checkpoint_policy(name, spec, ecfg, root).with_seed, cfg.model_concurrency,
-                             spec.max_tasks)
+            if not (checkpoint_path(spec, root) / "config.json").is_file():
+                continue
+            for temp in cfg.temperatures:
+                ecfg = EvaluateConfig(profile=cfg.profile, temperature=temp, seed=cfg.seed, checkpoints=cfg.checkpoints)
+                out.append(Source(name, checkpoint_policy(name, spec, ecfg, root).with_seed, cfg.model_concurrency,
+                                  spec.max_tasks, f"{name}_t{temp:g}"))
     return out
 
 
@@ -162,6 +184,16 @@ def _early(seed: int, rate: float) -> EarlyFinishPolicy:
 def noisy_label(label: int, episode_id: str, rate: float, seed: int) -> int:
     """``label`` flipped with probability ``rate`` (a draw fixed by the episode id and seed)."""
     return 1 - label if rate > 0 and random.Random(stable_seed(seed, "label", episode_id)).random() < rate else label
+
+
+def cap_sources(rows: list[dict[str, Any]], cap: int, seed: int) -> list[dict[str, Any]]:
+    """``rows`` with each source (``policy``) downsampled to at most ``cap`` rows (kept in their order)."""
+    rng = random.Random(seed)
+    keep: set[int] = set()
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name]
+        keep |= {id(r) for r in (mine if len(mine) <= cap else rng.sample(mine, cap))}
+    return [r for r in rows if id(r) in keep]
 
 
 def balance(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
@@ -198,14 +230,15 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
     stores: list[Path] = []
     # a checkpoint of a screenshot profile sees the screen on every task (its traces keep them, masked)
     sees = cfg.checkpoints and renders(load_profile(cfg.profile).generation.obs_mode)
-    for name, (factory, concurrency, cap) in policies(cfg, root).items():
+    for src in policies(cfg, root):
+        name = src.name
         for split in SPLITS:
-            store = f"{name}_{split}"
+            store = f"{src.store}_{split}"
             render = (frozenset(t.task_id for t in tasks[split]) if sees and name in cfg.checkpoints
                       else shots[split])
-            res = collect_sync(factory, spread(tasks[split], cap), out / "stores" / store, masking=masking,
-                               concurrency=concurrency, env_factory=functools.partial(LabelEnv, render,
-                                                                                      cfg.perturb),
+            res = collect_sync(src.factory, spread(tasks[split], src.cap), out / "stores" / store, masking=masking,
+                               concurrency=src.concurrency, env_factory=functools.partial(LabelEnv, render,
+                                                                                          cfg.perturb),
                                base_seed=cfg.seed, mask_workers=cfg.mask_workers, source=name,
                                keep_secrets=False)
             if res.leaks_blocked:
@@ -224,7 +257,9 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
                 rows[split].append({"store": store, "episode_id": traj.episode_id, "task_id": traj.task_id,
                                     "template": traj.template, "policy": name, "split": split, "label": label,
                                     "true_label": truth, "finished": traj.finished})
-    kept = {s: balance(rows[s], cfg.seed) if cfg.balance else rows[s] for s in SPLITS}
+    capped = {s: cap_sources(rows[s], max(1, round(cfg.source_cap * len(tasks[s]))), cfg.seed)
+              if cfg.source_cap is not None else rows[s] for s in SPLITS}
+    kept = {s: balance(capped[s], cfg.seed) if cfg.balance else capped[s] for s in SPLITS}
     for s in SPLITS:
         if not kept[s] or len({r["label"] for r in kept[s]}) < 2:
             raise ValueError(f"reward_traces: the {s} split has traces of one class only "
@@ -245,7 +280,7 @@ def collect_traces(cfg: RewardTracesConfig, out: Path, tasks_root: Path = TASK_L
                "positive": sum(r["label"] for r in kept[s]),
                "label_flips": sum(r["label"] != r["true_label"] for r in rows[s]),
                "tasks": len({r["task_id"] for r in kept[s]}),
-               "by_policy": dict(sorted(Counter(f"{r['policy']}/{r['label']}" for r in kept[s]).items()))}
+               "by_source": dict(sorted(Counter(f"{r['policy']}/{r['label']}" for r in kept[s]).items()))}
            for s in SPLITS},
     }
 

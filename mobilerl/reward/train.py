@@ -6,11 +6,14 @@ judge's chat, :func:`~mobilerl.reward.judge.judge_messages`, and its answer, :fu
 (:func:`mobilerl.sft.train.train`), registers it in MLflow, and scores the held-out lab/test traces:
 accuracy, precision, recall, F1 and the confusion matrix, overall and per source policy, beside two baselines
 (the training set's majority class; "the episode ended with finish"), and the zero-shot judge when an
-OpenAI-compatible endpoint is configured. A score above 0.5 is a predicted success.
+OpenAI-compatible endpoint is configured. A score above the judge's threshold is a predicted success: the
+threshold is chosen on the training traces (:func:`choose_threshold`), never on the held-out ones, and saved in
+the judge's settings; :func:`calibration` bins the held-out scores for the report's reliability diagram.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Sequence
@@ -124,10 +127,37 @@ def binary_metrics(pred: Sequence[int], labels: Sequence[int]) -> dict[str, Any]
             "confusion": {"tp": tp, "fp": fp, "tn": tn, "fn": fn}}
 
 
+def choose_threshold(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """The threshold with the highest accuracy of ``score > t`` on ``(scores, labels)`` (the training traces),
+    among 0.5 and the midpoints between distinct scores; of equals, the one nearest 0.5."""
+    xs = sorted(set(scores))
+    candidates = [0.5, *((a + b) / 2 for a, b in zip(xs, xs[1:], strict=False))]
+
+    def acc(t: float) -> float:
+        return sum((s > t) == bool(y) for s, y in zip(scores, labels, strict=True)) / max(1, len(labels))
+
+    best = max(candidates, key=lambda t: (acc(t), -abs(t - 0.5)))
+    return min(max(best, 1e-6), 1 - 1e-6)
+
+
+def calibration(scores: Sequence[float], labels: Sequence[int], bins: int = 10) -> dict[str, Any]:
+    """Reliability of P(completed): per equal-width score bin, its traces, mean score and share of successes;
+    ``ece`` is the expected calibration error (the bins' |mean score − success share|, weighted by traces)."""
+    rows = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        idx = [i for i, s in enumerate(scores) if lo <= s < hi or (b == bins - 1 and s == 1.0)]
+        if idx:
+            rows.append({"low": lo, "high": hi, "n": len(idx), "mean_score": sum(scores[i] for i in idx) / len(idx),
+                         "success_rate": sum(labels[i] for i in idx) / len(idx)})
+    n = max(1, len(scores))
+    return {"bins": rows, "ece": sum(r["n"] * abs(r["mean_score"] - r["success_rate"]) for r in rows) / n}
+
+
 def judge_report(pred: Sequence[int], labels: Sequence[int], policies: Sequence[str]) -> dict[str, Any]:
-    """:func:`binary_metrics` overall, and per source policy under ``by_policy``."""
+    """:func:`binary_metrics` overall, and per source policy under ``by_source``."""
     out = binary_metrics(pred, labels)
-    out["by_policy"] = {name: binary_metrics([p for p, q in zip(pred, policies, strict=True) if q == name],
+    out["by_source"] = {name: binary_metrics([p for p, q in zip(pred, policies, strict=True) if q == name],
                                              [y for y, q in zip(labels, policies, strict=True) if q == name])
                         for name in sorted(set(policies))}
     return out
@@ -165,9 +195,10 @@ def train_and_evaluate(section: str, cfg: RewardModelConfig, out: Path, dataset_
         data = build_dataset(train_items, settings, dataset_dir)
         metrics: dict[str, Any] = {"dataset": data, "train": train(sft, out, prefix="reward_model/")}
         settings.save(out)
+        metrics.update(evaluate(cfg, out, train_items, test_items, eval_dir))  # saves the chosen threshold
         metrics["registered_version"] = tracking.register_model(out, cfg.registered_model, cfg.alias)
-        metrics.update(evaluate(cfg, out, train_items, test_items, eval_dir))
-        tracking.log_metrics({"reward_model": {k: metrics[k] for k in ("accuracy", "precision", "recall", "f1")},
+        figures = {k: metrics[k] for k in ("accuracy", "precision", "recall", "f1", "threshold")}
+        tracking.log_metrics({"reward_model": {**figures, "ece": metrics["calibration"]["ece"]},
                               "reward_model/baselines": {f"{b}/accuracy": m["accuracy"]
                                                          for b, m in metrics["baselines"].items()}})
         metrics["mlflow_run_id"] = run_.info.run_id
@@ -183,14 +214,19 @@ def evaluate(cfg: RewardModelConfig, model_dir: Path, train_items: Sequence, tes
 
     spec = {k: v for k, v in profile_spec(load_profile(cfg.profile)).items() if k != "model"}
     judge = RewardModel.from_checkpoint(model_dir, spec, max_new_tokens=cfg.max_new_tokens)
+    train_scores = judge.score([t for t, _, _ in train_items], [root for _, _, root in train_items])
+    threshold = choose_threshold(train_scores, [int(r["label"]) for _, r, _ in train_items])
+    dataclasses.replace(judge.settings, threshold=threshold).save(model_dir)
     trajs = [t for t, _, _ in test_items]
     roots = [root for _, _, root in test_items]
     labels = [int(r["label"]) for _, r, _ in test_items]
     policies = [r["policy"] for _, r, _ in test_items]
     scores = judge.score(trajs, roots)
-    pred = [int(s > 0.5) for s in scores]
+    pred = [int(s > threshold) for s in scores]
     majority = int(2 * sum(int(r["label"]) for _, r, _ in train_items) >= len(train_items))
     result: dict[str, Any] = judge_report(pred, labels, policies)
+    result["threshold"] = threshold
+    result["calibration"] = calibration(scores, labels)
     result["unparsed_answers"] = judge.unparsed
     result["baselines"] = {"majority_class": binary_metrics([majority] * len(labels), labels),
                            "ended_with_finish": binary_metrics([int(t.finished) for t in trajs], labels)}

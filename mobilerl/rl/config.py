@@ -16,6 +16,7 @@ from mobilerl.env.androidworld import SUITE as ANDROIDWORLD
 from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.cluster import EnvServersConfig, check_server_urls
 from mobilerl.models.profiles import RLSettings, load_profile
+from mobilerl.rl.judge_monitor import JudgeMonitorConfig
 from mobilerl.rl.recipe import RECIPES, Algo, Recipe, resolve
 
 
@@ -207,6 +208,9 @@ class RLConfig(StageConfig):
         "other half left for evaluation (Appendix E.5)."))
     judge_all: bool = Field(False, description=(
         "Reward every episode with rl.reward_model, the verifier's verdict kept only as a metric (E.5's arm ii)."))
+    judge_monitor: JudgeMonitorConfig = Field(default_factory=JudgeMonitorConfig, description=(
+        "The reward-hacking monitor: judged episodes audited by a verifier training never reads "
+        "(mobilerl/rl/judge_monitor.py)."))
     prune_negatives: float | None = Field(
         2.0, ge=0, description="Keep at most this many negatives per positive in a group (None: all).")
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (

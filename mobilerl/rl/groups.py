@@ -79,14 +79,15 @@ def make_groups(trajectories: Sequence[Trajectory]) -> tuple[list[Group], int]:
 def judge_rewards(trajectories: Sequence[Trajectory], judge: Any, everyone: bool = False) -> int:
     """Rewards of the episodes whose task hides its verifier (lab/train; ``everyone``: of all episodes, the
     verifier's verdict kept in ``meta["verified"]``): the reward model's verdict, binary as the verifier's
-    (P(completed) ≥ 0.5), in place; an episode cut short by a failure stays a failure. Returns how many were
-    judged."""
+    (P(completed) above the judge's ``threshold``, 0.5 for a judge without one), in place; an episode cut short by a
+    failure stays a failure. Returns how many were judged."""
     todo = [t for t in trajectories if (everyone or not t.has_verifier) and t.error is None]
     for t in todo:
         if t.has_verifier:
             t.meta["verified"] = bool(t.success)
+    threshold = getattr(judge, "threshold", 0.5)
     for t, p in zip(todo, judge.score(todo) if todo else [], strict=True):
-        t.reward = 1.0 if p >= 0.5 else 0.0
+        t.reward = 1.0 if p > threshold else 0.0
         t.success = t.reward == 1.0
         t.meta["judge_p"] = float(p)
     return len(todo)

@@ -39,6 +39,7 @@ from mobilerl.rl.dynamic_sampling import DynamicSampling
 from mobilerl.rl.fcf import FailureCurriculum
 from mobilerl.rl.groups import Group
 from mobilerl.rl.hooks import Hook, Hooks, RoundContext
+from mobilerl.rl.judge_monitor import JudgeMonitor
 from mobilerl.rl.reverse import ReverseCurriculum
 from mobilerl.rl.update import SingleProcess, update
 from mobilerl.seeding import stable_seed
@@ -57,6 +58,8 @@ def make_hooks(cfg: RLConfig, samples_per_task: int, spa_alpha: float | None, ba
         hooks.append(DistRL.from_config(cfg.distrl, cfg.seed))
     if cfg.dart is not None:
         hooks.append(DartCurator.from_config(cfg.dart, samples_per_task))
+    if cfg.reward_model and cfg.judge_monitor.share > 0:
+        hooks.append(JudgeMonitor(cfg.judge_monitor, cfg.seed))
     return hooks
 
 
