@@ -13,7 +13,13 @@ from mobilerl.env.sim.tasks.registry import get_task
 from mobilerl.eval.runner import evaluate_sync
 from mobilerl.rl.groups import judge_rewards, make_groups
 from mobilerl.rl.hooks import RoundContext
-from mobilerl.rl.judge_monitor import JudgeAlarm, JudgeMonitor, JudgeMonitorConfig, audit_counts, audit_metrics
+from mobilerl.rl.judge_monitor import (
+    JudgeAlarm,
+    JudgeMonitor,
+    JudgeMonitorConfig,
+    audit_counts,
+    audit_metrics,
+)
 
 TEMPLATES = ("LabSettingsDisableNotifications", "LabClockCountdownNoStart", "LabCalendarAddNote")
 
