@@ -98,6 +98,8 @@ def test_reward_model_trains_registers_and_reports_against_baselines(repo, trace
     assert set(m["by_source"]) <= {"oracle", "noisy_0.5", "oracle_early_finish", "random"}
     assert m["train"]["steps"] == 3 and m["dataset"]["records"] > 0
     ckpt = repo.work / "data" / "checkpoints" / "reward_model"
+    assert 0 < m["threshold"] < 1 and json.loads((ckpt / "reward_model.json").read_text())["threshold"] == m["threshold"]
+    assert sum(b["n"] for b in m["calibration"]["bins"]) == n_test and 0 <= m["calibration"]["ece"] <= 1
     mlflow.set_tracking_uri(repo.env["MLFLOW_TRACKING_URI"])
     assert MlflowClient().get_model_version_by_alias("mobilerl-reward-model", "reward-model").version == \
         m["registered_version"]
