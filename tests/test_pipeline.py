@@ -276,7 +276,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         reward = json.loads((data / "reward" / "metrics.json").read_text())
         assert reward["n"] >= 2 and list((data / "reward" / "eval" / "examples").glob("*.png"))
         # the SFT policy's traces saw the screen on tasks whose screenshots the judge's test set does not keep
-        sft_traces = list(iter_store(data / "reward" / "traces" / "stores" / "sft_reasoning_free_test"))
+        sft_traces = list(iter_store(data / "reward" / "traces" / "stores" / "sft_reasoning_free_t1_test"))
         assert sft_traces and all(t.error is None and all(s.screenshot_path for s in t.steps) for t in sft_traces)
 
         # evaluate scored every checkpoint, online and offline, none failing for want of a screenshot
