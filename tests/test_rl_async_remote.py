@@ -172,6 +172,7 @@ def test_two_engines_and_two_rendering_env_servers_keep_the_bound_and_the_logpro
     assert {t.meta["engine"] for _, t in trainer.trained} <= set(urls)
     shots = [s.screenshot_path for _, t in trainer.trained for s in t.steps]
     assert shots and all(p and p.startswith(str(tmp_path / "screens")) for p in shots)
+    assert all(p.endswith(".png.enc") for p in shots)  # sealed at rest with the run's key (mobilerl.sealed)
     for c in curve:
         assert c["async/staleness_0"] + c["async/staleness_1"] == c["rollout/episodes"]
         assert c["engines/up"] == 2 and sum(c[f"engines/{server_name(u)}/requests"] for u in urls) > 0

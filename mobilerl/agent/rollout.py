@@ -30,6 +30,7 @@ import re
 import time
 from pathlib import Path
 
+from mobilerl import sealed
 from mobilerl.agent.policy import (
     OraclePolicy,
     Policy,
@@ -61,9 +62,7 @@ def _save_png(obs: Observation, path: Path) -> str | None:
     png = obs.png()
     if png is None:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(png)
-    return str(path)
+    return str(sealed.write_bytes(path, png))  # sealed under a registered folder (RL's kept screens)
 
 
 def _env_error(e: BaseException) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from PIL import Image
 
+from mobilerl import sealed
 from mobilerl.data import privacy as P
 from mobilerl.data.masking import MaskingOptions, mask_trajectory
 from mobilerl.trajectory import Trajectory
@@ -52,8 +53,7 @@ def masked_copy(traj: Trajectory, folder: Path, opts: MaskingOptions | None = No
         if not raw.screenshot_path or not Path(raw.screenshot_path).is_file():
             step.screenshot_path = None
             continue
-        with Image.open(raw.screenshot_path) as img:
-            shot = img.convert("RGB")
+        shot = sealed.open_image(raw.screenshot_path)
         res = opts.mask(shot, boxes[k], size or shot.size, masker)
         step.screenshot_path = f"step{k:03d}.png"
         res.image.save(folder / step.screenshot_path)

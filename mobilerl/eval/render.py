@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from mobilerl import sealed
 from mobilerl.agent.policy import parse_compressed
 from mobilerl.env import actions as A
 from mobilerl.trajectory import StepRecord, Trajectory
@@ -109,8 +110,7 @@ def _font(size: int) -> ImageFont.ImageFont:
 
 def _screen(path: Path | None, fallback: tuple[int, int]) -> Image.Image:
     if path is not None and path.is_file():
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return sealed.open_image(path)
     return Image.new("RGB", fallback, (235, 235, 235))
 
 
@@ -209,9 +209,10 @@ def final_screenshot(traj: Trajectory, store_root: Path | None) -> Path | None:
     if not stepped:
         return None
     last = Path(stepped[-1].screenshot_path)  # type: ignore[arg-type]
+    tail = sealed.SUFFIX if last.suffix == sealed.SUFFIX else ""
     try:
-        index = int(last.stem.removeprefix("step"))
+        index = int(Path(last.name.removesuffix(tail)).stem.removeprefix("step"))
     except ValueError:
         return None
-    path = store_root / last.parent / f"step{index + 1:03d}.png"
+    path = store_root / last.parent / f"step{index + 1:03d}.png{tail}"
     return path if path.is_file() else None

@@ -274,14 +274,11 @@ class HFBackend:
     def image_inputs(self, files: Sequence[str]) -> dict[str, Any]:
         """``pixel_values`` / ``image_grid_thw`` (on CPU) of the screenshot files, as generation's processor call
         computes them: what a trainer's forward over rebuilt prompts needs beside :meth:`prompt_ids`."""
-        from PIL import Image
+        from mobilerl.sealed import open_image
 
         if not hasattr(self.processor, "image_processor"):
             raise ValueError("this backend's processor has no image processor; the prompts have images")
-        images = []
-        for f in files:
-            with Image.open(f) as im:
-                images.append(im.convert("RGB"))
+        images = [open_image(f) for f in files]  # RL's kept screens are sealed at rest (mobilerl.sealed)
         return dict(self.processor.image_processor(images=images, return_tensors="pt"))
 
     def _encode(self, texts: list[str], images: list[Any]) -> dict[str, Any]:

@@ -362,6 +362,7 @@ def remote_workers(cfg: Any, spec: Any, trainer: Any, work: Path) -> RemoteWorke
     from mobilerl.env.factory import make_env, renders
     from mobilerl.env.pool import InlineEnv
     from mobilerl.rl.engine import engines_api_key
+    from mobilerl.rl.rollout import kept_screens
 
     api_key = engines_api_key(cfg)
     host, _, port = cfg.sync_address.rpartition(":")
@@ -377,4 +378,4 @@ def remote_workers(cfg: Any, spec: Any, trainer: Any, work: Path) -> RemoteWorke
     envs = (EnvServers(cfg.env_servers, cfg.env_pool) if cfg.env_servers
             else (lambda: InlineEnv(make_env("sim", obs_mode=spec.obs_mode))))
     return RemoteWorkers(fleet, policy, envs, spec.concurrency * len(cfg.engines), trainer.model, trainer.gathered,
-                         cfg.async_.reruns, work / "screens" if renders(spec.obs_mode) else None)
+                         cfg.async_.reruns, kept_screens(cfg, work)[0] if renders(spec.obs_mode) else None)

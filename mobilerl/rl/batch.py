@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from mobilerl import sealed
 from mobilerl.agent import prompt
 from mobilerl.models.generation import ChatRequest
 from mobilerl.models.logprobs import token_logprobs
@@ -51,11 +52,8 @@ Vision = Callable[[Sequence[str]], dict[str, torch.Tensor]]  # image files -> pi
 
 
 def load_image(path: str) -> Any:
-    """A kept screenshot as the policy saw it (RGB; PNG is lossless, so the pixels are the env's)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return im.convert("RGB")
+    """A kept screenshot as the policy saw it (RGB; PNG is lossless, so the pixels are the env's; sealed or not)."""
+    return sealed.open_image(path)
 
 
 def step_requests(traj: Trajectory, fmt: PromptFormat, images: bool = True) -> list[ChatRequest]:

@@ -253,7 +253,8 @@ class RLConfig(StageConfig):
     log_episodes_every: int = Field(10, ge=0, description=(
         "Rounds between MLflow images of a round's best success and a failure of its task, masked (0: none)."))
     state_key: str = Field("~/.config/mobilerl/rl-state.key", description=(
-        "Key file sealing the resume state's trajectories at rest, kept outside rl.work (made 0600 when missing)."))
+        "Key file sealing the resume state's trajectories and the kept screenshots at rest, kept outside rl.work "
+        "(made 0600 when missing)."))
     trainer_backend: Literal["single", "ddp", "deepspeed"] = Field("single", description=(
         "How the update runs: one process, or data-parallel over the processes a launcher started (torchrun, "
         "deepspeed, accelerate launch) with torch.distributed (ddp) or DeepSpeed ZeRO (deepspeed_config)."))

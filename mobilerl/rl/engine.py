@@ -37,7 +37,7 @@ from mobilerl.env.base import TaskSpec
 from mobilerl.env.cluster import EnvServers, merge_stats, server_metrics
 from mobilerl.models.generation import ChatRequest, Generation, GenerationError, SamplingConfig
 from mobilerl.models.weight_sync import WeightSync, make_weight_sync
-from mobilerl.rl.rollout import PolicySpec
+from mobilerl.rl.rollout import PolicySpec, kept_screens
 from mobilerl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -175,4 +175,4 @@ def remote_engines(cfg: Any, spec: PolicySpec, trainer: Any, work: Path) -> Remo
         aw = env_factory("androidworld", obs_mode=spec.obs_mode, androidworld=cfg.androidworld)
     return RemoteEngines(cfg.engines, spec, trainer.model, sync, api_key=api_key, env_servers=envs,
                          gathered=trainer.gathered, env_factory=aw,
-                         screens=work / "screens" if renders(spec.obs_mode) else None)
+                         screens=kept_screens(cfg, work)[0] if renders(spec.obs_mode) else None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mobilerl import sealed
 from mobilerl.env.androidworld import AndroidWorldConfig
 from mobilerl.env.base import TaskSpec
 from mobilerl.env.cluster import EnvServers, EnvServersConfig, merge_stats, server_metrics
@@ -40,10 +41,20 @@ class PolicySpec:
     concurrency: int = 64
     screens: str | None = None  # where episodes keep each step's screenshot (screenshot modes: the trainer
     # rebuilds their prompts from them); None: not kept
+    screens_key: bytes | None = None  # the key those files are sealed with (kept_screens)
 
 
 SCREENS = "screens"  # the kept screenshots' folder in rl.work (pruned every round: prune_screens)
 _WORKER: dict[str, Any] = {}
+
+
+def kept_screens(cfg: Any, work: Path) -> tuple[Path, bytes]:
+    """``work/screens`` and the run's key (``rl.state_key``), the folder registered in this process as sealed
+    with it: the episodes' screenshots show the device's personal data (:mod:`mobilerl.sealed`)."""
+    from mobilerl.rl.checkpoint import state_key
+
+    key = state_key(cfg.state_key)
+    return sealed.seal(work / SCREENS, key), key
 
 
 def _exit_with_parent() -> None:
@@ -67,6 +78,8 @@ def _init_worker(spec: PolicySpec, env_servers: list[str] | None = None, env_poo
     from mobilerl.models.generation import SamplingConfig
 
     torch.set_num_threads(spec.threads)
+    if spec.screens is not None and spec.screens_key is not None:
+        sealed.seal(spec.screens, spec.screens_key)
     backend = make_backend({**spec.backend, "model": spec.init, "name": "adagrpo"})
     _WORKER.update(spec=spec, backend=backend, version=-1, policy=ModelPolicy(
         backend, obs_mode=spec.obs_mode, name="adagrpo", reasoning=spec.reasoning, max_history=spec.max_history,

@@ -25,7 +25,7 @@ from mobilerl.rl.batch import PromptFormat
 from mobilerl.rl.checkpoint import remove_state, resume_or_start
 from mobilerl.rl.config import RLConfig
 from mobilerl.rl.loop import LogImages, LogMetrics, train
-from mobilerl.rl.rollout import SCREENS, PolicySpec, RolloutWorkers
+from mobilerl.rl.rollout import PolicySpec, RolloutWorkers, kept_screens
 from mobilerl.rl.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -73,19 +73,19 @@ def policy_spec(cfg: RLConfig, init: Path, work: Path) -> PolicySpec:
 
     profile, s = load_profile(cfg.profile), cfg.settings()
     g = profile.generation
+    screens, key = kept_screens(cfg, work) if renders(g.obs_mode) else (None, None)
     return PolicySpec(
         init=str(init), backend={**profile_spec(profile), **({"max_batch": cfg.max_batch} if cfg.max_batch else {})},
         obs_mode=g.obs_mode, prompt_style=g.prompt_style, max_history=g.max_history, coords=g.coords,
         reasoning=cfg.reasoning, temperature=s.temperature, max_new_tokens=s.max_new_tokens,
         threads=max(1, (os.cpu_count() or 1) // cfg.rollout_processes), concurrency=cfg.rollout_concurrency,
-        screens=str(work / SCREENS) if renders(g.obs_mode) else None)
+        screens=None if screens is None else str(screens), screens_key=key)
 
 
 def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec], work: Path,
           log_metrics: LogMetrics, progress: bool, judge: Any, log_images: LogImages | None) -> list[dict[str, float]]:
     """The loop over the rollout side ``cfg`` configures."""
     if cfg.async_ is not None:  # decoupled rollout and training
-        from mobilerl.env.factory import renders
         from mobilerl.rl.async_loop import train_async
         from mobilerl.rl.async_workers import ProcessWorkers
 
@@ -96,7 +96,7 @@ def _loop(cfg: RLConfig, trainer: Trainer, spec: PolicySpec, pool: list[TaskSpec
         else:
             aworkers = ProcessWorkers(spec, cfg.rollout_processes, cfg.rollout_concurrency, cfg.env_servers,
                                       cfg.env_pool, cfg.async_.reruns,
-                                      work / "screens" if renders(spec.obs_mode) else None)
+                                      spec.screens)
         with aworkers as w:
             return train_async(trainer, w, pool, work, log_metrics, progress, judge, log_images)
     if cfg.engines:
