@@ -18,10 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def greedy(name: str, path: str, suite: str = "world") -> dict:
+def greedy(name: str, path: str, suite: str = "world", reasoning: bool | None = None,
+           max_new_tokens: int | None = None) -> dict:
     """Greedy success of checkpoint ``path`` on every task of ``suite``'s test split, its 95 % Wilson interval,
     the solved count on the tasks of more than 10 optimal steps (``long``) and on the templates whose longest test
-    task has at most 6 (``short``: the default RL pool's, ``rl.templates_max_steps``)."""
+    task has at most 6 (``short``: the default RL pool's, ``rl.templates_max_steps``). ``reasoning`` /
+    ``max_new_tokens``: as the stage's checkpoint of the same name when None."""
     from mobilerl.config import load_params
     from mobilerl.eval.checkpoints import run_checkpoint
     from mobilerl.eval.config import CheckpointSpec, EvaluateConfig
@@ -31,8 +33,8 @@ def greedy(name: str, path: str, suite: str = "world") -> dict:
     cfg = load_params("evaluate", EvaluateConfig)
     tasks = load_tasks(suite, "test")
     known = cfg.checkpoints.get(name)
-    spec = CheckpointSpec(path=path, reasoning=known.reasoning if known else False,
-                          max_new_tokens=known.max_new_tokens if known else None)
+    spec = CheckpointSpec(path=path, reasoning=reasoning if reasoning is not None else bool(known and known.reasoning),
+                          max_new_tokens=max_new_tokens or (known.max_new_tokens if known else None))
     c = cfg.model_copy(update={"checkpoints": {**cfg.checkpoints, name: spec}, "n_trials": 1, "temperature": 0.0})
     t0 = time.perf_counter()
     trajs = run_checkpoint(name, tasks, c, ROOT)

@@ -3,6 +3,8 @@
 appended to ``.cache/levers/results.jsonl`` (docs/rl.md's lever table is made from it).
 
     .venv/bin/python scripts/rl_lever.py authors --set recipe=authors [--set rounds=30] [--seed 1]
+    .venv/bin/python scripts/rl_lever.py from_reasoning --set init=data/checkpoints/sft_reasoning --set reasoning=true \
+        --set 'overrides={train_batch_size: 16, samples_per_task: 8, max_new_tokens: 128}'
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def main() -> None:
     (where / "curve.jsonl").write_text("".join(json.dumps(c) + "\n" for c in curve))
     result = {"name": args.name, "changes": changes, "seed": args.seed, "rl_min": rl_s / 60, "summary": summary,
               "last10_success": sum(c["rollout/success"] for c in curve[-10:]) / len(curve[-10:]),
-              "world_all": greedy(args.name, str(where / "policy"))}
+              "world_all": greedy(args.name, str(where / "policy"), reasoning=cfg.reasoning,
+                                  max_new_tokens=cfg.settings().max_new_tokens if cfg.reasoning else None)}
     with (ROOT / ".cache" / "levers" / "results.jsonl").open("a") as f:
         f.write(json.dumps(result) + "\n")
     print(json.dumps(result, indent=1))
