@@ -35,6 +35,7 @@ def repo(tmp_path_factory):
         "reward_traces.train_per_template": 1, "reward_traces.test_per_template": 1,
         "reward_traces.slip_rates": [0.5], "reward_traces.checkpoints": {}, "reward_traces.test_screenshot_tasks": 1,
         "reward_traces.audit_ocr_images": 1,
+        "reward_model.base": "models/tiny-base",  # no SFT checkpoint here
         "reward_model.overrides": {"max_steps": 3, "per_device_train_batch_size": 2, "warmup_ratio": 0.0},
         "reward_model.examples": 1})
     env = {k: v for k, v in os.environ.items() if k not in ("MOBILERL_PARENT_RUN_ID", "PYTHONPATH")}
