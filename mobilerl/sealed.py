@@ -29,6 +29,16 @@ def _key(path: Path) -> bytes | None:
     return next((k for root, k in _SEALED.items() if p.is_relative_to(root)), None)
 
 
+def write_private(path: Path, write: Any) -> None:
+    """``write(tmp)`` then rename: a reader never sees half a file; mode 0600 from the start."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    write(tmp)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """``data`` to ``path`` (parents made), or sealed to ``path.enc`` under a registered folder; the path written."""
     from cryptography.fernet import Fernet
@@ -40,9 +50,7 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         path.write_bytes(data)
         return path
     out = path.with_name(path.name + SUFFIX)
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(Fernet(key).encrypt(data))
+    write_private(out, lambda tmp: tmp.write_bytes(Fernet(key).encrypt(data)))
     return out
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from mobilerl.sealed import write_private
+
 log = logging.getLogger(__name__)
 
 # where the episodes run and how the update is spread over processes do not change what is trained: a run resumes
@@ -31,16 +33,6 @@ TENSORS = ("round", "model", "optimizer")  # state.pt; everything else of the st
 STATE, RECORDS = "state.pt", "state.enc"
 
 
-def _write_private(path: Path, write: Any) -> None:
-    """``write(tmp)`` then rename: a reader never sees half a file; mode 0600 from the start."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.close(fd)
-    write(tmp)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
 def state_key(path: str | os.PathLike) -> bytes:
     """The Fernet key in ``path`` (``~`` expanded), made (0600, folder 0700) when missing."""
     from cryptography.fernet import Fernet
@@ -48,7 +40,7 @@ def state_key(path: str | os.PathLike) -> bytes:
     p = Path(path).expanduser()
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_private(p, lambda tmp: tmp.write_bytes(Fernet.generate_key()))
+        write_private(p, lambda tmp: tmp.write_bytes(Fernet.generate_key()))
     return p.read_bytes().strip()
 
 
@@ -57,8 +49,8 @@ def save_state(state: dict[str, Any], work: Path, key: bytes) -> None:
     from cryptography.fernet import Fernet
 
     records = json.dumps({k: v for k, v in state.items() if k not in TENSORS}).encode()
-    _write_private(work / RECORDS, lambda tmp: tmp.write_bytes(Fernet(key).encrypt(records)))
-    _write_private(work / STATE, lambda tmp: torch.save({k: state[k] for k in TENSORS}, tmp))
+    write_private(work / RECORDS, lambda tmp: tmp.write_bytes(Fernet(key).encrypt(records)))
+    write_private(work / STATE, lambda tmp: torch.save({k: state[k] for k in TENSORS}, tmp))
 
 
 def load_state(work: Path, key: bytes) -> dict[str, Any]:
