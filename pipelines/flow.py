@@ -124,7 +124,7 @@ STAGE_CONFIGS = {
 
 def validate_sections(params: dict[str, Any], sections: set[str], source: Path) -> None:
     """Each of ``sections`` of ``params`` as its stage's typed config would load it (the rl stage's profile
-    overrides too); a ParamsError naming the bad key otherwise."""
+    overrides too, and the reasoning stages'); a ParamsError naming the bad key otherwise."""
     import importlib
 
     from mobilerl.config import checked_settings, validate_section
@@ -136,6 +136,8 @@ def validate_sections(params: dict[str, Any], sections: set[str], source: Path) 
         cfg = validate_section(section, getattr(importlib.import_module(module), name), params[section], source)
         if hasattr(cfg, "settings") and hasattr(cfg, "overrides"):
             checked_settings(cfg, section)
+        elif hasattr(cfg, "reasoning_overrides"):
+            cfg.settings()  # the profile's reasoning section, a ParamsError naming the key
 
 
 def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> None:

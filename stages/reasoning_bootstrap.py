@@ -3,7 +3,8 @@
 Bootstrap sampling (MobileRL §2.1, :mod:`mobilerl.sft.bootstrap`): M proposes ``k`` reasoning–action
 candidates for every expert step of the episodes the reasoning-free SFT dataset was built from; a candidate
 is kept when its action equals the expert's. The result is the reasoning set D_0 that `reasoning_refine`
-starts from. M is a generation backend spec (``teacher``) or, for the embedded default, ``{kind: sim}``.
+starts from. M is the profile's ``reasoning.teacher``: a generation backend spec (an instruct model behind an
+OpenAI-compatible server for the large profiles) or, for the embedded default, ``{kind: sim}``.
 
 Outs: ``data/reasoning/bootstrap/`` — ``dataset_info.json`` (``<name>_train`` / ``<name>_val``), ``train.json``,
 ``val.json``, ``explanations.json`` (step id → kept response: the set's state), ``proposals.jsonl`` (every

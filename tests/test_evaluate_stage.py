@@ -108,6 +108,9 @@ def test_checkpoint_policy_runs_through_the_runner(ckpt, tmp_path):
     assert (policy.obs_mode, policy.prompt_style, policy.max_history) == (g.obs_mode, g.prompt_style, g.max_history)
     assert policy.sampling.max_new_tokens == 6 and policy.sampling.seed == 11 and policy.name == "ck"
     assert policy.backend._batcher.max_batch == g.max_batch
+    for reasoning, cap in ((False, g.max_new_tokens), (True, load_profile("tiny").reasoning.max_new_tokens)):
+        c = config(tmp_path, policies=["ck"], checkpoints={"ck": {"path": str(ckpt), "reasoning": reasoning}})
+        assert make_policy_factory("ck", c)[0](0).sampling.max_new_tokens == cap  # no cap set: the profile's
     task = get_task("world/test/CameraTakePhoto/0")
     [traj] = evaluate_sync(factory, [task], n_trials=1, concurrency=concurrency, progress=False, base_seed=cfg.seed)
     assert traj.error is None and traj.policy == "ck" and traj.policy_version == str(ckpt)

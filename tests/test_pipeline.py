@@ -92,6 +92,9 @@ def test_overrides_and_presets(tmp_path):
     ({"evaluate.n_trials": 0}, r"evaluate\.n_trials"),
     ({"evaluate.n_trials": 8, "rl.overrides": {"learning_rate": -1.0}}, r"rl\.overrides\.learning_rate"),
     ({"rl.overrides": {"bogus": 1}}, r"rl\.overrides: unknown key"),
+    ({"reasoning_refine.reasoning_overrides": {"think_tokens": 0}}, r"reasoning_refine\.reasoning_overrides\.think_tokens"),
+    ({"reasoning_bootstrap.reasoning_overrides": {"teacher": {"kind": "openai"}}},
+     r"reasoning_bootstrap\.reasoning_overrides\.teacher.*base_url"),
 ])
 def test_a_bad_override_leaves_params_untouched_and_names_its_key(tmp_path, overrides, key):
     p = tmp_path / "params.yaml"

@@ -22,6 +22,13 @@ def test_profiles_parse_and_follow_the_paper():
         assert json.loads((ROOT / p.sft.deepspeed).read_text())["zero_optimization"]["stage"] == 3
     assert load_profile("qwen2_5_vl_7b").template == "qwen2_vl"
     assert load_profile("glm4_1v_9b").template == "glm4v"
+    # the reasoning stages' M: an instruct model behind a loopback server for the large profiles, the embedded
+    # teacher on CPU; the budget caps a response (thought + answer)
+    for name in ("qwen2_5_vl_7b", "glm4_1v_9b"):
+        r = load_profile(name).reasoning
+        assert r.teacher["kind"] == "openai" and r.teacher["base_url"].startswith("http://127.0.0.1:")
+        assert r.teacher_prompt_style == "full" and r.max_new_tokens == r.think_tokens + r.answer_tokens
+    assert load_profile("tiny").reasoning.teacher["kind"] == "sim"
 
 
 def test_bad_profiles_name_the_key(tmp_path, monkeypatch):
@@ -36,6 +43,10 @@ def test_bad_profiles_name_the_key(tmp_path, monkeypatch):
                                      "image_min_pixels: 1\nsft: {lerning_rate: 1}\n")
     with pytest.raises(ValueError, match=r"sft\.lerning_rate"):
         profiles.load_profile("y")
+    (tmp_path / "z.yaml").write_text("name: z\nweights: w\ntemplate: t\nimage_max_pixels: 10\n"
+                                     "image_min_pixels: 1\nreasoning: {teacher: {kind: openai}}\n")
+    with pytest.raises(ValueError, match=r"reasoning\.teacher.*base_url"):
+        profiles.load_profile("z")
     with pytest.raises(KeyError, match="unknown model profile"):
         profiles.load_profile("nope")
 

@@ -195,3 +195,100 @@ def test_marks_frame_teacher_answers_with_the_experts_line(trajs):
     right = [(st, c) for st, c in flat if c.accepted]
     assert right and all(c.action == st.action for st, c in right)
     assert any(c.action.name == "Tap" and not c.accepted for _, c in flat)
+
+
+def test_bootstrap_with_an_instruct_model_behind_an_openai_server(tmp_path):
+    """The 7B profile's reasoning stage with its M, an instruct VLM behind an OpenAI-compatible server (here a
+    loopback server answering with chat completions in vLLM's shapes, tests/fixtures/vllm/teacher_responses.json):
+    M sees the screenshot, the full prompt and the thought's budget, and is capped at it; a thought inline, one the
+    server's reasoning parser returned apart, and GLM's boxed answer are kept in the paper's format; a response
+    cut at the budget and one without a thought are rejected."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    from mobilerl.config import ParamsError
+    from mobilerl.data.store import write_store
+    from mobilerl.env.actions import format_action
+    from mobilerl.models.profiles import load_profile
+    from mobilerl.sft.bootstrap import BootstrapConfig, bootstrap
+    from mobilerl.sft.reasoning import episodes_by_split
+
+    tasks = [get_task(f"world/train/{n}/0", with_optimal=False) for n in ("ClockStopWatchRunning", "ContactsAddContact")]
+    trajs = evaluate_sync(lambda seed: OraclePolicy(), tasks, perturb="none", progress=False,
+                          obs_mode="screenshot+xml", keep_screenshots_dir=tmp_path / "screens")
+    assert all(t.success for t in trajs)
+    stores = tmp_path / "stores"
+    write_store(stores / "collected", trajs)
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "stats.json").write_text(json.dumps({"mode": "screenshot+xml", "prompt_style": "full", "max_history": None,
+                                                "coords": "abs", "val_fraction": 0.0, "seed": 0,
+                                                "sources": {"collected": {}}}))
+    fmt = PromptFormat("screenshot+xml", "full")
+    expert = {st.messages(fmt)[1]["content"].replace("<image>", ""): format_action(st.action)  # what M is shown
+              for ep in episodes_by_split({"collected": stores / "collected"}, 0.0, 0)["train"] for st in ep}
+    fixtures = json.loads((Path(__file__).parent / "fixtures" / "vllm" / "teacher_responses.json").read_text())
+    order = ["inline", "reasoning_parser", "glm_box", "truncated", "no_thought"]
+    budget = load_profile("qwen2_5_vl_7b").reasoning
+    seen: list[dict] = []
+    lock = threading.Lock()
+
+    class Server(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            system, user = body["messages"]
+            text = "".join(p["text"] for p in user["content"] if p["type"] == "text")
+            n = body["seed"]  # the step's seed + the candidate's index (steps' seeds are 1000 apart)
+            with lock:
+                seen.append({"user": text, "system": system["content"], "body": body,
+                             "images": [p for p in user["content"] if p["type"] == "image_url"]})
+            reply = json.loads(json.dumps(fixtures[order[n % len(order)]]).replace("{call}",
+                                                                                    expert[text].replace('"', '\\"')))
+            msg = reply["choices"][0]["message"]
+            words = (msg["reasoning_content"] or "").split() + msg["content"].split()
+            reply["choices"][0]["logprobs"]["content"] = [{"token": w, "logprob": -0.1} for w in words]
+            out = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        teacher = {**budget.teacher, "base_url": f"http://127.0.0.1:{server.server_port}/v1", "max_retries": 0}
+        cfg = BootstrapConfig(profile="qwen2_5_vl_7b", reasoning_overrides={"teacher": teacher}, k=len(order))
+        m = bootstrap(cfg, sft, stores, tmp_path / "out")
+    finally:
+        server.shutdown()
+
+    n_steps = len(expert)
+    assert m["teacher"] == "openai" and m["steps"] == n_steps and len(seen) == n_steps * len(order)
+    assert m["acceptance_rate"] == 1.0 and m["candidate_acceptance"] == pytest.approx(3 / 5)
+    assert m["truncated_rate"] == pytest.approx(1 / 5)
+    for s in seen:  # the screenshot, the full prompt, the budget stated and enforced
+        assert len(s["images"]) == 1 and s["images"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+        assert "Actions:" in s["system"] and "within 512 tokens" in s["system"]
+        assert s["body"]["max_tokens"] == budget.max_new_tokens == 576
+        assert s["body"]["model"] == "Qwen2.5-VL-7B-Instruct"
+    verdicts = [json.loads(x) for x in (tmp_path / "out" / "proposals.jsonl").read_text().splitlines()]
+    assert [v["accepted"] for v in verdicts[:len(order)]] == [True, True, True, False, False]
+    records = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert len(records) == n_steps and all(r["images"] for r in records)
+    thoughts = {r["messages"][2]["content"].split("</think>")[0] for r in records}
+    calls = {r["messages"][2]["content"].split("<answer>")[1] for r in records}
+    assert calls == {f"{c}</answer>" for c in expert.values()}  # the expert's call, no box markers, no padding
+    assert any("reasoning parser" in t or "the element is visible" in t for t in thoughts)
+    assert all(r["messages"][2]["content"].startswith("<think>") and "<|" not in r["messages"][2]["content"]
+               for r in records)
+
+    with pytest.raises(ParamsError, match=r"reasoning_bootstrap\.reasoning_overrides\.think_tokens"):
+        BootstrapConfig(profile="qwen2_5_vl_7b", reasoning_overrides={"think_tokens": 0}).settings()
+    with pytest.raises(ParamsError, match=r"reasoning_overrides\.teacher.*unknown key 'p_wrongg'"):
+        BootstrapConfig(reasoning_overrides={"teacher": {"kind": "sim", "p_wrongg": 0.5}}).settings()

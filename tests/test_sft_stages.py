@@ -80,7 +80,8 @@ def repo(tmp_path_factory):
         "sft_reasoning_free.base": str(base), "sft_reasoning_free.overrides": lf,
         "sft_reasoning.overrides": lf,
         "reasoning_refine.train_overrides": {"max_steps": 2, "per_device_train_batch_size": 2},
-        "reasoning_refine.steps_per_round": 3, "reasoning_refine.k": 2, "reasoning_refine.max_new_tokens": 16,
+        "reasoning_refine.steps_per_round": 3, "reasoning_refine.k": 2,
+        "reasoning_refine.reasoning_overrides": {"think_tokens": 8, "answer_tokens": 8},
         "reasoning_refine.generation": {"max_batch": 8}})
     run.work = work  # type: ignore[attr-defined]
     run.env = env  # type: ignore[attr-defined]
@@ -114,7 +115,7 @@ def reasoning_free(repo):
 
 @pytest.fixture(scope="module")
 def bootstrap(repo):
-    repo("reasoning_bootstrap", **{"reasoning_bootstrap.teacher": {"kind": "sim", "p_wrong": 0.5},
+    repo("reasoning_bootstrap", **{"reasoning_bootstrap.reasoning_overrides": {"teacher": {"kind": "sim", "p_wrong": 0.5}},
                                    "reasoning_bootstrap.k": 3})
     return repo.work / "data" / "reasoning" / "bootstrap"
 

@@ -189,14 +189,21 @@ _LAST_STRING_CLOSE_RE = re.compile(r'"\s*\)')
 _NEXT_ARG_RE = re.compile(r'"\s*,\s*[A-Za-z_]\w*\s*=')  # `", app="…`: another argument, not an inner quote
 
 
+BOX_MARKERS = ("<|begin_of_box|>", "<|end_of_box|>")  # GLM-4.1V-Thinking wraps its answer in them
+
+
 def extract_answer(text: str) -> str:
-    """The action part of a response: the ``<answer>`` body if present, else the text itself."""
+    """The action part of a response: the ``<answer>`` body if present (without GLM's box markers), else the
+    text itself."""
     if "<answer>" in text or "</answer>" in text:
         start = text.find("<answer>")
         end = -1 if start < 0 else text.find("</answer>", start + len("<answer>"))
         if end < 0:
             raise ActionParseError("response has an unterminated <answer> tag")
-        return text[start + len("<answer>"):end].strip()
+        body = text[start + len("<answer>"):end]
+        for marker in BOX_MARKERS:
+            body = body.replace(marker, "")
+        return body.strip()
     if "<think>" in text:
         # Reasoning without answer tags: take what follows the reasoning.
         _, sep, rest = text.partition("</think>")

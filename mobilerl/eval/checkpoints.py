@@ -66,8 +66,8 @@ def checkpoint_policy(name: str, spec: CheckpointSpec, cfg: EvaluateConfig, root
     # through kind 'openai' the server holds the weights: the checkpoint's path is the model name it serves
     model = spec.path if g.kind == "openai" else str(checkpoint_path(spec, root))
     backend = make_backend({**profile_spec(profile), "model": model, "name": name, **(backend_overrides or {})})
-    sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=spec.max_new_tokens or g.max_new_tokens,
-                              seed=cfg.seed)
+    cap = spec.max_new_tokens or (profile.reasoning.max_new_tokens if spec.reasoning else g.max_new_tokens)
+    sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cap, seed=cfg.seed)
     return ModelPolicy(backend, obs_mode=g.obs_mode, sampling=sampling, name=name, version=spec.path,
                        reasoning=spec.reasoning, max_history=g.max_history, prompt_style=g.prompt_style,
                        coords=g.coords, system_prompt=system_prompt_of(profile), reuse_greedy=cfg.reuse_greedy)

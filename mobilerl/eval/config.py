@@ -23,7 +23,8 @@ class CheckpointSpec(StageConfig):
     path: str = Field(description="Model directory, relative to the repo (or absolute); for a profile served "
                                   "through kind 'openai', the model name the server serves.")
     reasoning: bool = Field(False, description="Prompt for <think> before the answer (reasoning checkpoints).")
-    max_new_tokens: int | None = Field(None, ge=1, description="Response cap (default: the profile's).")
+    max_new_tokens: int | None = Field(None, ge=1, description="Response cap (default: the profile's; with reasoning, "
+                                                                "its reasoning budget, think + answer tokens).")
     max_tasks: int | None = Field(None, ge=1, description="Cap on tasks per suite for this checkpoint "
                                                           "(default: model_max_tasks).")
 

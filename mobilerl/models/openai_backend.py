@@ -91,6 +91,11 @@ def parse_chat_completion(body: Any) -> Generation:
     text = message.get("content") or ""
     if not isinstance(text, str):
         raise GenerationError(f"malformed chat completion (message.content is not a string): {_snippet(body)}")
+    # A server run with a reasoning parser (vLLM --reasoning-parser) returns the thought apart from the answer
+    # ("reasoning_content"; "reasoning" in newer vLLM): put it back in the response format's <think> block.
+    thought = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(thought, str) and thought.strip() and "<think>" not in text:
+        text = f"<think>{thought.strip()}</think>{text.lstrip()}"
     reason = choice.get("finish_reason")
     if reason not in ("stop", "length"):
         raise GenerationError(f"unexpected finish_reason {reason!r} (expected 'stop' or 'length'): {_snippet(body)}")

@@ -10,12 +10,13 @@ key is an error naming ``<file>: <key>``. Weights are local directories only.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mobilerl.models.options import HFOptions
+from mobilerl.config import ParamsError
+from mobilerl.models.options import HFOptions, validate_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "configs" / "models"
@@ -101,6 +102,42 @@ class GenerationSettings(_Strict):
         return self
 
 
+SIM_TEACHER_KEYS = ("p_wrong", "restate_task", "style")
+
+
+class ReasoningSettings(_Strict):
+    """The reasoning stages' format, ``<think>thought</think><answer>action</answer>`` (MobileRL §2.1), its
+    budget and the instruct model M that writes the first thoughts (`reasoning_bootstrap`)."""
+
+    think_tokens: int = Field(512, ge=1, description="A thought's token budget: M is asked to keep within it, and "
+                                                     "a response longer than think_tokens + answer_tokens is cut "
+                                                     "and rejected.")
+    answer_tokens: int = Field(64, ge=1, description="The answer's token budget after the thought.")
+    teacher: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "sim", "p_wrong": 0.3, "restate_task": 0.0, "style": "target"},
+        description="M: {kind: sim, p_wrong, restate_task, style} (the simulator teacher) or a make_backend "
+                    "spec, e.g. {kind: openai, base_url, model} for an instruct model behind vLLM's server.")
+    teacher_prompt_style: Literal["full", "compact"] | None = Field(
+        None, description="System prompt style shown to M (null: the dataset's; full for an off-the-shelf "
+                          "instruct model, which needs the action space spelled out).")
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        if spec.get("kind") == "sim":
+            unknown = sorted(set(spec) - {"kind", *SIM_TEACHER_KEYS})
+            if unknown:
+                raise ValueError(f"unknown key {unknown[0]!r} for kind 'sim' (known: {', '.join(SIM_TEACHER_KEYS)})")
+        else:
+            validate_spec(spec)
+        return spec
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The cap on a reasoning response: the thought's budget and the answer's."""
+        return self.think_tokens + self.answer_tokens
+
+
 class RandomInit(_Strict):
     """Weights built from a config instead of downloaded: a randomly initialised model of ``architecture``
     around the project tokenizer, deterministic in ``seed`` (:mod:`mobilerl.models.random_init`)."""
@@ -144,6 +181,7 @@ class ModelProfile(_Strict):
     sft: SFTSettings = SFTSettings()
     rl: RLSettings = RLSettings()
     generation: GenerationSettings = GenerationSettings()
+    reasoning: ReasoningSettings = ReasoningSettings()
 
     @model_validator(mode="after")
     def _pixels(self) -> ModelProfile:
@@ -160,6 +198,22 @@ class ModelProfile(_Strict):
     def weights_path(self) -> Path:
         p = Path(self.weights)
         return p if p.is_absolute() else ROOT / p
+
+
+def reasoning_settings(profile: str, overrides: dict[str, Any], section: str) -> ReasoningSettings:
+    """The ``profile``'s reasoning section with a stage's ``reasoning_overrides`` over it (a null value keeps the
+    profile's); a bad key raises a ParamsError naming ``<section>.reasoning_overrides.<key>`` (or the profile's file)."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    base = load_profile(profile).reasoning
+    try:
+        return ReasoningSettings.model_validate({**base.model_dump(), **overrides})
+    except ValidationError as e:
+        def where(loc: tuple[Any, ...]) -> str:
+            key = ".".join(str(p) for p in loc)
+            return (f"{section}.reasoning_overrides.{key}" if str(loc[0]) in overrides
+                    else f"configs/models/{profile}.yaml: reasoning.{key}")
+
+        raise ParamsError("; ".join(f"{where(err['loc'])}: {err['msg']}" for err in e.errors())) from None
 
 
 def available() -> list[str]:

@@ -4,9 +4,12 @@ For every expert step ``(x, a*)`` of the episodes the reasoning-free SFT dataset
 ``k`` reasoning–action candidates ``<think>c_k</think><answer>a_k``; ``(x, c_k, a*)`` is kept when ``a_k``
 equals ``a*`` (one kept candidate per step, drawn uniformly among the matches).
 
-M is any generation backend (a :func:`mobilerl.models.backends.make_backend` spec, e.g. ``{kind: openai,
-base_url: …, model: Qwen2.5-VL-7B-Instruct}`` for a vLLM server) or, for the embedded default, ``{kind: sim}``:
-the simulator-grounded teacher :class:`mobilerl.sft.reasoning.SimTeacher` behind the same interface.
+M and the thought's budget come from the model profile's ``reasoning`` section
+(:class:`mobilerl.models.profiles.ReasoningSettings`): any generation backend (a
+:func:`mobilerl.models.backends.make_backend` spec, e.g. ``{kind: openai, base_url: …, model:
+Qwen2.5-VL-7B-Instruct}`` for a vLLM server) or, for the embedded default, ``{kind: sim}``: the simulator-grounded
+teacher :class:`mobilerl.sft.reasoning.SimTeacher` behind the same interface. M is told the budget and capped at
+it; a candidate cut there is rejected.
 
 The prompt format, the train/val split and the stores come from the SFT dataset's ``stats.json``, so the
 reasoning data is prompted exactly like the reasoning-free data (with the reasoning system prompt). Every
@@ -23,13 +26,14 @@ import random
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from mobilerl.config import StageConfig, read_json
 from mobilerl.data.sft import write_sharegpt
 from mobilerl.models.generation import SamplingConfig
+from mobilerl.models.profiles import ReasoningSettings, reasoning_settings
 from mobilerl.sft.reasoning import (
     PromptFormat,
     SimTeacher,
@@ -45,32 +49,29 @@ from mobilerl.sft.reasoning import (
 class BootstrapConfig(StageConfig):
     """Bootstrap sampling: M explains each expert step; matching explanations are kept."""
 
+    profile: str = Field("tiny", description="Model profile in configs/models/ whose reasoning section (M, the "
+                                             "thought's budget) the stage uses.")
+    reasoning_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Keys of the profile's reasoning section changed for this stage (null: "
+                                          "the profile's), "
+                                          "e.g. {teacher: {kind: sim, p_wrong: 0.5}}.")
     sft_dataset: str = Field("data/sft/dataset", description="The reasoning-free dataset whose episodes, split "
                                                              "and prompt format are used.")
-    teacher: dict[str, Any] = Field(default_factory=lambda: {"kind": "sim", "p_wrong": 0.3},
-                                    description="M: {kind: sim, p_wrong, restate_task, style} (simulator teacher) "
-                                                "or a make_backend spec, e.g. {kind: openai, base_url, model}.")
-    teacher_prompt_style: Literal["full", "compact"] | None = Field(
-        None, description="System prompt style shown to M (null: the dataset's; full for an off-the-shelf "
-                          "instruct model).")
     k: int = Field(4, ge=1, description="Candidates per expert step.")
     temperature: float = Field(1.0, ge=0, description="M's sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="M's nucleus sampling.")
-    max_new_tokens: int = Field(512, ge=1, description="Cap on a candidate's tokens.")
     max_steps: int | None = Field(None, ge=1, description="Explain a seeded sample of this many steps per split "
                                                           "(null: all).")
     name: str = Field("mobilerl_reasoning", description="Dataset name prefix in dataset_info.json.")
     seed: int = Field(0, description="Sampling and selection seed.")
 
+    def settings(self) -> ReasoningSettings:
+        return reasoning_settings(self.profile, self.reasoning_overrides, "reasoning_bootstrap")
+
 
 def make_teacher(spec: dict[str, Any]) -> Any:
-    """M from its params spec: the simulator teacher (``kind: sim``) or a generation backend."""
-    spec = dict(spec)
+    """M from a profile's ``reasoning.teacher`` (validated there): the simulator teacher or a generation backend."""
     if spec.get("kind") == "sim":
-        unknown = sorted(set(spec) - {"kind", "p_wrong", "restate_task", "style"})
-        if unknown:
-            raise ValueError(f"reasoning_bootstrap.teacher.{unknown[0]}: unknown key for kind 'sim' "
-                             f"(known: p_wrong, restate_task, style)")
         return SimTeacher(p_wrong=float(spec.get("p_wrong", 0.3)), restate_task=float(spec.get("restate_task", 1.0)),
                           style=str(spec.get("style", "prose")))
     from mobilerl.models.backends import make_backend
@@ -101,9 +102,10 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
     """Build D_0 from the SFT dataset ``sft_dir`` and the ``stores`` it came from into ``out`` (the dataset,
     ``explanations.json``: step id → kept response, ``proposals.jsonl``: every candidate with its verdict);
     returns the metrics (acceptance rates)."""
+    settings = cfg.settings()
     sft_stats = read_json(sft_dir / "stats.json")
     fmt = PromptFormat.of_dataset(sft_stats)
-    teacher_fmt = replace(fmt, style=cfg.teacher_prompt_style or fmt.style)
+    teacher_fmt = replace(fmt, style=settings.teacher_prompt_style or fmt.style, think_tokens=settings.think_tokens)
     carried = format_stats(sft_stats)
     episodes = episodes_by_split(source_stores(sft_stats, stores), carried["val_fraction"], carried["seed"],
                                  carried["coords"])
@@ -117,11 +119,11 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
     if not steps:
         raise SystemExit(f"reasoning_bootstrap: no expert steps in the stores of {sft_dir}")
 
-    teacher = make_teacher(cfg.teacher)
+    teacher = make_teacher(settings.teacher)
     if isinstance(teacher, SimTeacher):
         for st in steps:
             teacher.register(st, teacher_fmt)
-    sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+    sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=settings.max_new_tokens,
                               seed=cfg.seed)
     t0 = time.perf_counter()
     cands = asyncio.run(propose(teacher, steps, cfg.k, sampling, teacher_fmt, load_images(steps, teacher_fmt)))
@@ -137,10 +139,13 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
             for c in cs:
                 f.write(json.dumps({"step_id": c.step_id, "text": c.text, "accepted": c.accepted},
                                    ensure_ascii=False) + "\n")
+    if hasattr(teacher, "aclose"):
+        asyncio.run(teacher.aclose())
     n_cands = max(1, stats.candidates)
     counts = {k: v for k, v in stats.to_dict().items() if k != "round"}
     return {
-        "teacher": cfg.teacher.get("kind"), "k": cfg.k, **counts,
+        "teacher": settings.teacher.get("kind"), "k": cfg.k, **counts,
+        "truncated_rate": sum(c.truncated for cs in cands for c in cs) / n_cands,
         "candidate_acceptance": stats.accepted_candidates / n_cands,
         "parse_failure_rate": stats.parse_failures / n_cands,
         "acceptance_by_action": acceptance_by_action(steps, cands),

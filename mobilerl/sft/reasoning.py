@@ -69,6 +69,7 @@ class PromptFormat:
     style: str = "full"
     max_history: int | None = None
     coords: str = "abs"  # the frame of screens and actions (mobilerl.agent.prompt.COORD_FRAMES)
+    think_tokens: int | None = None  # the thought's budget, stated to M (the teacher's format only)
 
     def __post_init__(self) -> None:
         if self.mode not in OBSERVATION_MODES:
@@ -102,8 +103,11 @@ class ExpertStep:
     def messages(self, fmt: PromptFormat = PromptFormat()) -> list[dict[str, str]]:
         """The reasoning prompt of this step (system prompt asking for ``<think>``)."""
         mode = fmt.mode if self.image is not None or fmt.mode == "xml" else "xml"  # no screenshot: XML only
-        return build_messages(self.instruction, self.history, self.xml_compressed, app=self.app, mode=mode,
-                              reasoning=True, max_history=fmt.max_history, style=fmt.style, coords=fmt.coords)
+        messages = build_messages(self.instruction, self.history, self.xml_compressed, app=self.app, mode=mode,
+                                  reasoning=True, max_history=fmt.max_history, style=fmt.style, coords=fmt.coords)
+        if fmt.think_tokens is not None:
+            messages[0]["content"] += f"\nKeep the thinking within {fmt.think_tokens} tokens."
+        return messages
 
     def shows_image(self, fmt: PromptFormat) -> bool:
         return self.image is not None and "screenshot" in fmt.mode
@@ -116,6 +120,7 @@ class Candidate:
     action: Action | None
     accepted: bool
     score: float | None = None
+    truncated: bool = False  # cut at the token budget (rejected)
 
 
 @dataclass
@@ -142,7 +147,8 @@ async def propose(backend: Any, steps: Sequence[ExpertStep], k: int, sampling: S
                   fmt: PromptFormat = PromptFormat(), images: Mapping[str, Any] | None = None) -> list[list[Candidate]]:
     """K candidates per step from ``backend`` (one call of K requests per step, all steps concurrently:
     backends batch concurrent work). ``images`` maps a step's ``image`` to the loaded screenshot (needed
-    in screenshot modes)."""
+    in screenshot modes). A candidate is accepted when its action matches the expert's, it has a thought,
+    and it ended within ``sampling.max_new_tokens`` (the reasoning budget)."""
     import asyncio
 
     async def one(i: int, st: ExpertStep) -> list[Candidate]:
@@ -159,8 +165,10 @@ async def propose(backend: Any, steps: Sequence[ExpertStep], k: int, sampling: S
                 act: Action | None = parse_action(g.text)
             except ActionParseError:
                 act = None
-            ok = act is not None and actions_match(act, st.action) and "<think>" in g.text
-            out.append(Candidate(st.step_id, g.text, act, ok))
+            cut = g.finish_reason == "length"
+            ok = (act is not None and not cut and actions_match(act, st.action)
+                  and canonical_response(g.text, act) is not None)
+            out.append(Candidate(st.step_id, g.text, act, ok, truncated=cut))
         return out
 
     return list(await asyncio.gather(*(one(i, st) for i, st in enumerate(steps))))

@@ -35,7 +35,7 @@ from mobilerl.config import StageConfig, read_json, repo_path
 from mobilerl.data.sft import write_sharegpt
 from mobilerl.models.backends import make_backend
 from mobilerl.models.generation import SamplingConfig
-from mobilerl.models.profiles import load_profile
+from mobilerl.models.profiles import ReasoningSettings, load_profile, reasoning_settings
 from mobilerl.sft import llamafactory
 from mobilerl.sft.bootstrap import source_stores
 from mobilerl.sft.reasoning import (
@@ -63,7 +63,10 @@ class RefineConfig(StageConfig):
     k: int = Field(4, ge=1, description="Candidates per step.")
     temperature: float = Field(1.0, gt=0, description="π's sampling temperature for proposals.")
     top_p: float = Field(1.0, gt=0, le=1, description="π's nucleus sampling.")
-    max_new_tokens: int = Field(160, ge=1, description="Cap on a candidate's tokens (think + answer).")
+    reasoning_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Keys of the profile's reasoning section changed for this stage (null: the "
+                                          "profile's), e.g. "
+                                          "{think_tokens: 32}: a candidate is capped at think + answer tokens.")
     steps_per_round: int | None = Field(None, ge=1, description="Train steps proposed for per round (seeded "
                                                                 "sample; null: all).")
     train_overrides: dict[str, Any] = Field(default_factory=dict,
@@ -75,6 +78,9 @@ class RefineConfig(StageConfig):
     timeout_minutes: float | None = Field(None, gt=0, description="Kill a round's training after this long.")
     name: str = Field("mobilerl_reasoning", description="Dataset name prefix in dataset_info.json.")
     seed: int = Field(0, description="Step sampling and proposal seed.")
+
+    def settings(self) -> ReasoningSettings:
+        return reasoning_settings(self.profile, self.reasoning_overrides, "reasoning_refine")
 
 
 def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any:
@@ -93,6 +99,7 @@ def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any
 ROUND_TIMINGS = ("propose_s", "score_s")
 
 
+
 def without_timings(r: dict[str, Any]) -> dict[str, Any]:
     """A round's record for ``rounds.json`` inside the dataset folder: without the wall-clock figures, so
     that a re-run that builds the same corpus writes the same folder and DVC does not re-run
@@ -107,6 +114,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
     (the dataset, ``explanations.json``, ``rounds.json``), π_T's weights into ``checkpoint``; logs each
     round to the active MLflow run and returns the metrics."""
     profile = load_profile(cfg.profile)
+    budget = cfg.settings().max_new_tokens
     stats0 = read_json(boot_dir / "stats.json")
     fmt = PromptFormat.of_dataset(stats0)
     carried = {k: stats0.get(k) for k in ("mode", "prompt_style", "max_history", "coords", "val_fraction", "seed",
@@ -146,7 +154,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
             images = load_images(steps, fmt)
             backend = policy_backend(profile, ckpt, cfg.generation)
             sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p,
-                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 100_000 * t)
+                                      max_new_tokens=budget, seed=cfg.seed + 100_000 * t)
             t0 = time.perf_counter()
             cands = asyncio.run(propose(backend, steps, cfg.k, sampling, fmt, images))
             t1 = time.perf_counter()
@@ -161,6 +169,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
             r = {**st.to_dict(),
                  "candidate_acceptance": st.accepted_candidates / max(1, st.candidates),
                  "think_rate": sum("<think>" in c.text and "</think>" in c.text for c in flat) / max(1, len(flat)),
+                 "truncated_rate": sum(c.truncated for c in flat) / max(1, len(flat)),
                  "parse_failure_rate": st.parse_failures / max(1, st.candidates),
                  "changed": sum(explanations.get(k) != before.get(k) for k in explanations),
                  "added": sum(k not in before for k in explanations),
