@@ -1,6 +1,6 @@
 """Stage `reward_traces`: labelled lab-suite traces of policies of graded quality, for the reward model.
 
-The oracle, noisy oracles, the oracle that declares the task done early, the SFT checkpoints (where present)
+The oracle, noisy oracles, the oracle that declares the task done early, the SFT and RL checkpoints (where present)
 and the random policy roll out on lab/train and lab/test (:mod:`mobilerl.reward.traces`); every episode is
 masked before storage and the stores pass the privacy audit or the stage fails. Labels: the verifier on
 lab/test, the simulator's hidden check on lab/train (optionally noised); classes balanced; split by task.

@@ -281,6 +281,7 @@ def test_smoke_deployment_end_to_end_and_selective_repro(tmp_path, monkeypatch):
         # the SFT policy's traces saw the screen on tasks whose screenshots the judge's test set does not keep
         sft_traces = list(iter_store(data / "reward" / "traces" / "stores" / "sft_reasoning_free_t1_test"))
         assert sft_traces and all(t.error is None and all(s.screenshot_path for s in t.steps) for t in sft_traces)
+        assert list(iter_store(data / "reward" / "traces" / "stores" / "adagrpo_t1_test"))  # the RL policy's, after rl
 
         # evaluate scored every checkpoint, online and offline, none failing for want of a screenshot
         evaluated = json.loads((data / "eval" / "summary.json").read_text())

@@ -5,8 +5,8 @@ by a majority vote of three proprietary judges (train tasks) or the rule-based r
 
 - **policies** — the oracle, the oracle slipping into random actions at several rates (:class:`NoisyPolicy`),
   the oracle that declares the task done before it is (:class:`EarlyFinishPolicy`: the trace whose last screen
-  contradicts its finish, the paper's judge's main error, App. E.5), the SFT checkpoints where their
-  directories exist, and the random policy;
+  contradicts its finish, the paper's judge's main error, App. E.5), the SFT and RL checkpoints where
+  their directories exist (the RL policy's failures are the ones RL with the judge must not pass), and the random policy;
 - **labels** — the verifier on ``lab/test``; on ``lab/train``, whose verifiers are hidden from training code,
   the simulator's own check (:func:`~mobilerl.env.sim.env.hidden_ground_truth`) stands in for the vote,
   flipped with probability ``label_noise`` to model the vote's bias. An episode its policy cut short (a noisy
@@ -62,8 +62,9 @@ class RewardTracesConfig(StageConfig):
                                        "declares the task done early (null: no such policy).")
     random: bool = Field(True, description="Roll out the random policy (failures).")
     checkpoints: dict[str, CheckpointSpec] = Field(
-        {}, description="SFT checkpoint policies (name -> {path, reasoning, max_new_tokens, max_tasks}); one "
-                        "whose directory does not exist is skipped. max_tasks caps its tasks per split.")
+        {}, description="The pipeline's checkpoint policies, SFT and RL (name -> {path, reasoning, max_new_tokens, "
+                        "max_tasks}); one whose directory "
+                        "does not exist is skipped. max_tasks caps its tasks per split.")
     profile: str = Field("tiny", description="Model profile of the checkpoints (backend and prompt format).")
     temperatures: list[float] = Field([1.0], min_length=1, description=(
         "Sampling temperatures each checkpoint policy rolls out at (its traces, all temperatures, one source)."))
