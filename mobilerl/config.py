@@ -56,19 +56,21 @@ def problems(prefix: str, e: ValidationError) -> str:
     return "; ".join(f"{prefix}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
 
 
-def checked_settings(cfg: Any, section: str = "rl") -> Any:
-    """``cfg.settings()``: a model profile's section with the stage's ``overrides`` applied (the rl stage's
-    :meth:`~mobilerl.rl.config.RLConfig.settings`), a bad value raised as a ParamsError naming
-    ``<section>.overrides.<key>`` (or the profile's own key when no override set it)."""
+def checked_settings(cfg: Any, section: str = "rl", field: str = "overrides", profile_section: str | None = None
+                     ) -> Any:
+    """``cfg.settings()``: a model profile's section with the stage's ``field`` applied (the rl stage's
+    ``overrides``, :meth:`~mobilerl.rl.config.RLConfig.settings`; the reasoning stages' ``reasoning_overrides``
+    over the profile's ``reasoning`` section), a bad value raised as a ParamsError naming ``<section>.<field>.<key>``
+    (or the profile's own ``<profile_section>.<key>`` when no override set it; default: ``section``)."""
     try:
         return cfg.settings()
     except ValidationError as e:
-        overridden = set(getattr(cfg, "overrides", {}) or {})
+        overridden = {k for k, v in (getattr(cfg, field, {}) or {}).items() if v is not None}
         parts = []
         for err in e.errors():
             key = ".".join(str(p) for p in err["loc"])
-            where = (f"{section}.overrides.{key}" if str(err["loc"][0]) in overridden
-                     else f"the {getattr(cfg, 'profile', '?')!r} profile's {section}.{key}")
+            where = (f"{section}.{field}.{key}" if str(err["loc"][0]) in overridden
+                     else f"the {getattr(cfg, 'profile', '?')!r} profile's {profile_section or section}.{key}")
             parts.append(f"{where}: {err['msg']}")
         raise ParamsError("; ".join(parts)) from None
     except ValueError as e:  # unknown override keys: the message already names rl.overrides

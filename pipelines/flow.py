@@ -137,7 +137,7 @@ def validate_sections(params: dict[str, Any], sections: set[str], source: Path) 
         if hasattr(cfg, "settings") and hasattr(cfg, "overrides"):
             checked_settings(cfg, section)
         elif hasattr(cfg, "reasoning_overrides"):
-            cfg.settings()  # the profile's reasoning section, a ParamsError naming the key
+            checked_settings(cfg, section, "reasoning_overrides", "reasoning")
 
 
 def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> None:

@@ -208,7 +208,7 @@ def test_bootstrap_with_an_instruct_model_behind_an_openai_server(tmp_path):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from pathlib import Path
 
-    from mobilerl.config import ParamsError
+    from mobilerl.config import ParamsError, checked_settings
     from mobilerl.data.store import write_store
     from mobilerl.env.actions import format_action
     from mobilerl.models.profiles import load_profile
@@ -289,6 +289,8 @@ def test_bootstrap_with_an_instruct_model_behind_an_openai_server(tmp_path):
                for r in records)
 
     with pytest.raises(ParamsError, match=r"reasoning_bootstrap\.reasoning_overrides\.think_tokens"):
-        BootstrapConfig(profile="qwen2_5_vl_7b", reasoning_overrides={"think_tokens": 0}).settings()
+        checked_settings(BootstrapConfig(profile="qwen2_5_vl_7b", reasoning_overrides={"think_tokens": 0}),
+                         "reasoning_bootstrap", "reasoning_overrides", "reasoning")
     with pytest.raises(ParamsError, match=r"reasoning_overrides\.teacher.*unknown key 'p_wrongg'"):
-        BootstrapConfig(reasoning_overrides={"teacher": {"kind": "sim", "p_wrongg": 0.5}}).settings()
+        checked_settings(BootstrapConfig(reasoning_overrides={"teacher": {"kind": "sim", "p_wrongg": 0.5}}),
+                         "reasoning_bootstrap", "reasoning_overrides", "reasoning")

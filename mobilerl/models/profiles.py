@@ -15,7 +15,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mobilerl.config import ParamsError
 from mobilerl.models.options import HFOptions, validate_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,20 +199,11 @@ class ModelProfile(_Strict):
         return p if p.is_absolute() else ROOT / p
 
 
-def reasoning_settings(profile: str, overrides: dict[str, Any], section: str) -> ReasoningSettings:
+def reasoning_settings(profile: str, overrides: dict[str, Any]) -> ReasoningSettings:
     """The ``profile``'s reasoning section with a stage's ``reasoning_overrides`` over it (a null value keeps the
-    profile's); a bad key raises a ParamsError naming ``<section>.reasoning_overrides.<key>`` (or the profile's file)."""
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    base = load_profile(profile).reasoning
-    try:
-        return ReasoningSettings.model_validate({**base.model_dump(), **overrides})
-    except ValidationError as e:
-        def where(loc: tuple[Any, ...]) -> str:
-            key = ".".join(str(p) for p in loc)
-            return (f"{section}.reasoning_overrides.{key}" if str(loc[0]) in overrides
-                    else f"configs/models/{profile}.yaml: reasoning.{key}")
-
-        raise ParamsError("; ".join(f"{where(err['loc'])}: {err['msg']}" for err in e.errors())) from None
+    profile's); :func:`mobilerl.config.checked_settings` names a bad key."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return ReasoningSettings.model_validate({**load_profile(profile).reasoning.model_dump(), **given})
 
 
 def available() -> list[str]:

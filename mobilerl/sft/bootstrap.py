@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from mobilerl.config import StageConfig, read_json
+from mobilerl.config import StageConfig, checked_settings, read_json
 from mobilerl.data.sft import write_sharegpt
 from mobilerl.models.generation import SamplingConfig
 from mobilerl.models.profiles import ReasoningSettings, reasoning_settings
@@ -66,7 +66,7 @@ class BootstrapConfig(StageConfig):
     seed: int = Field(0, description="Sampling and selection seed.")
 
     def settings(self) -> ReasoningSettings:
-        return reasoning_settings(self.profile, self.reasoning_overrides, "reasoning_bootstrap")
+        return reasoning_settings(self.profile, self.reasoning_overrides)
 
 
 def make_teacher(spec: dict[str, Any]) -> Any:
@@ -102,7 +102,7 @@ def bootstrap(cfg: BootstrapConfig, sft_dir: Path, stores: Path, out: Path) -> d
     """Build D_0 from the SFT dataset ``sft_dir`` and the ``stores`` it came from into ``out`` (the dataset,
     ``explanations.json``: step id → kept response, ``proposals.jsonl``: every candidate with its verdict);
     returns the metrics (acceptance rates)."""
-    settings = cfg.settings()
+    settings = checked_settings(cfg, "reasoning_bootstrap", "reasoning_overrides", "reasoning")
     sft_stats = read_json(sft_dir / "stats.json")
     fmt = PromptFormat.of_dataset(sft_stats)
     teacher_fmt = replace(fmt, style=settings.teacher_prompt_style or fmt.style, think_tokens=settings.think_tokens)

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field
 
 from mobilerl import tracking
-from mobilerl.config import StageConfig, read_json, repo_path
+from mobilerl.config import StageConfig, checked_settings, read_json, repo_path
 from mobilerl.data.sft import write_sharegpt
 from mobilerl.models.backends import make_backend
 from mobilerl.models.generation import SamplingConfig
@@ -80,7 +80,7 @@ class RefineConfig(StageConfig):
     seed: int = Field(0, description="Step sampling and proposal seed.")
 
     def settings(self) -> ReasoningSettings:
-        return reasoning_settings(self.profile, self.reasoning_overrides, "reasoning_refine")
+        return reasoning_settings(self.profile, self.reasoning_overrides)
 
 
 def policy_backend(profile: Any, checkpoint: Path, extra: dict[str, Any]) -> Any:
@@ -114,7 +114,7 @@ def refine(cfg: RefineConfig, boot_dir: Path, stores: Path, out: Path, checkpoin
     (the dataset, ``explanations.json``, ``rounds.json``), π_T's weights into ``checkpoint``; logs each
     round to the active MLflow run and returns the metrics."""
     profile = load_profile(cfg.profile)
-    budget = cfg.settings().max_new_tokens
+    budget = checked_settings(cfg, "reasoning_refine", "reasoning_overrides", "reasoning").max_new_tokens
     stats0 = read_json(boot_dir / "stats.json")
     fmt = PromptFormat.of_dataset(stats0)
     carried = {k: stats0.get(k) for k in ("mode", "prompt_style", "max_history", "coords", "val_fraction", "seed",
